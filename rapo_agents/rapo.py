@@ -1,0 +1,473 @@
+"""RAPO (Retrieval-Augmented Policy Optimization) as pure, batched torch functions.
+
+The functions follow the paper's order (spec ``rapo-algorithm.md`` §5-7) and its symbols:
+
+1. step entropies ``H(s)`` (§5): :func:`step_entropy_paper`, :func:`step_entropy_reference`;
+2. retrieval reward ``Z_ret`` (§5): :func:`retrieval_entropy_pairs`, :func:`retrieval_reward`;
+3. advantages (§6): :func:`group_normalize` (``A_acc`` and ``A_ret``), :func:`fused_advantage`, :func:`rapo_advantages`;
+4. importance shaping and loss (§7): :func:`retrieval_fraction` (``F_ret``), :func:`rapo_policy_loss`.
+
+Every function works on any device and dtype, takes padded batches, and never loops over tokens
+in Python, so other trainers (verl, TRL, skrl) can call them as they are.
+
+Example:
+    >>> import torch
+    >>> rewards = torch.tensor([1.0, 0.0, 1.0, 0.0])
+    >>> z_ret = torch.tensor([0.0, 0.0, 0.3, -0.1])          # rollouts 2, 3 were hybrid
+    >>> group = torch.tensor([0, 0, 0, 0])
+    >>> advantages = rapo_advantages(rewards, z_ret, group, advantage_weight=0.2)
+    >>> advantages.shape
+    torch.Size([4])
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+Fidelity = Literal["paper", "reference"]
+
+#: Added to the denominators of the spec's normalisations (§5 dH, §6 std).
+EPS = 1e-6
+
+
+@dataclass
+class RAPOConfig:
+    """The settings of the RAPO objective (spec §5-8); defaults are the paper's and the reference script's.
+
+    Example:
+        >>> RAPOConfig().selection, RAPOConfig(fidelity="reference").selection
+        ('most_similar', 'max_reward')
+    """
+
+    fidelity: Fidelity = "paper"
+    """Which side of the documented paper/reference differences to follow: the step-entropy estimator,
+    the hybrid split (``index >= k`` vs ``index > k``) and the candidate selection rule (spec §3-5)."""
+
+    advantage_weight: float = 0.2
+    """``a`` in ``A = A_acc * (1 + a * A_ret)`` (spec §6); 0 turns RAPO's advantage into GRPO's."""
+
+    shaping_weight: float = 0.05
+    """``m`` in the shaped ratio ``(1 + m * F_ret) * r`` (spec §7); 0 disables importance shaping."""
+
+    clip_ratio_low: float = 0.2
+    """``eps_low``: the ratio is clipped below at ``1 - eps_low``."""
+
+    clip_ratio_high: float = 0.28
+    """``eps_high``: the ratio is clipped above at ``1 + eps_high`` (asymmetric clip-higher)."""
+
+    clip_ratio_c: float = 3.0
+    """``c`` of the dual clip: for ``A < 0`` the token loss is at most ``-c * A``."""
+
+    kl_coef: float = 0.0
+    """Weight of the k3 KL penalty against a reference policy; 0 (the reference's value) skips it."""
+
+    entropy_coef: float = 0.0
+    """Weight of the entropy bonus; 0 (the reference's value) skips it."""
+
+    eps: float = EPS
+    """Added to the group std (§6) and to ``H_pre`` in the relative entropy drop (§5)."""
+
+    reference_entropy_tokens: int = 20
+    """Reference estimator: how many leading tokens of a step are summed."""
+
+    reference_entropy_topk: int = 10
+    """Reference estimator: how many top log-probs per token enter the entropy."""
+
+    def __post_init__(self) -> None:
+        if self.fidelity not in ("paper", "reference"):
+            raise ValueError(f"fidelity must be 'paper' or 'reference', got {self.fidelity!r}")
+        for name in ("clip_ratio_low", "clip_ratio_high", "kl_coef", "entropy_coef", "eps"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.clip_ratio_c <= 1.0:
+            raise ValueError(f"clip_ratio_c must be > 1 (dual clip), got {self.clip_ratio_c}")
+
+    @property
+    def entropy_estimator(self) -> Literal["paper", "reference"]:
+        """Which step-entropy estimator feeds ``Z_ret``: the paper's full-vocab mean or the reference's top-k sum."""
+        return self.fidelity
+
+    @property
+    def selection(self) -> Literal["most_similar", "max_reward"]:
+        """The retrieval wrapper's candidate rule: paper = most similar, reference = highest reward."""
+        return "most_similar" if self.fidelity == "paper" else "max_reward"
+
+    @property
+    def hybrid_rule(self) -> Literal["paper", "reference"]:
+        """The retrieval wrapper's hybrid split: paper = rollouts ``index >= k`` are hybrid (8 of 16),
+        reference = ``index > k`` (7 of 16), as its code tests."""
+        return self.fidelity
+
+
+# ----------------------------------------------------------------------------------------------
+# §5 step entropies
+
+
+def masked_mean(values: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
+    """Mean of ``values`` where ``mask`` is 1; 0 where a row has no valid entry.
+
+    Example:
+        >>> masked_mean(torch.tensor([[1.0, 3.0, 9.0]]), torch.tensor([[1, 1, 0]]), dim=-1)
+        tensor([2.])
+    """
+    mask = mask.to(values.dtype)
+    total = (values * mask).sum() if dim is None else (values * mask).sum(dim)
+    count = mask.sum() if dim is None else mask.sum(dim)
+    return total / count.clamp(min=1.0)
+
+
+def token_entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
+    """Full-vocabulary entropy ``-sum_j p_j log p_j`` of each position's distribution (spec §5, paper).
+
+    Computed as ``logsumexp(z) - sum_j softmax(z)_j z_j``, which avoids ``log 0``.
+
+    Example:
+        >>> round(token_entropy_from_logits(torch.zeros(1, 4)).item(), 4) == round(math.log(4), 4)
+        True
+    """
+    # Half-precision logits are upcast: the difference of two large terms loses too much in bf16.
+    work = logits if logits.dtype in (torch.float32, torch.float64) else logits.float()
+    probs = torch.softmax(work, dim=-1)
+    return (torch.logsumexp(work, dim=-1) - (probs * work).sum(-1)).to(logits.dtype)
+
+
+def step_entropy_paper(token_entropies: torch.Tensor, step_mask: torch.Tensor) -> torch.Tensor:
+    """Paper's ``H(s)`` (§5): mean over a step's generated tokens of the full-vocabulary entropy.
+
+    Args:
+        token_entropies: ``[..., L]`` per-token entropies of each step's policy tokens, padded.
+        step_mask: ``[..., L]`` 1 on the step's real tokens.
+
+    Returns:
+        ``[...]`` one entropy per step (0 for an empty step).
+
+    Example:
+        >>> step_entropy_paper(torch.tensor([[1.0, 2.0, 0.0], [4.0, 0.0, 0.0]]), torch.tensor([[1, 1, 0], [1, 0, 0]]))
+        tensor([1.5000, 4.0000])
+    """
+    return masked_mean(token_entropies, step_mask, dim=-1)
+
+
+def topk_token_entropy(topk_logprobs: torch.Tensor) -> torch.Tensor:
+    """Reference per-token entropy ``-sum_{j<=k} exp(l_j) l_j`` over the top-k sampling log-probs.
+
+    Like the reference, the top-k probabilities are *not* renormalised; ``-inf`` log-probs (a
+    backend that returned fewer than k) contribute 0.
+
+    Example:
+        >>> round(topk_token_entropy(torch.log(torch.tensor([[0.5, 0.5]]))).item(), 4)
+        0.6931
+    """
+    probs = topk_logprobs.exp()
+    terms = torch.where(probs > 0, probs * topk_logprobs, torch.zeros_like(probs))
+    return -terms.sum(-1)
+
+
+def step_entropy_reference(
+    topk_logprobs: torch.Tensor,
+    step_mask: torch.Tensor,
+    vocab_size: int,
+    max_tokens: int = 20,
+    topk: int = 10,
+) -> torch.Tensor:
+    """Reference ``H(s)`` (§5): sum over the first ``<= max_tokens`` tokens of the top-k entropy, / log|V|.
+
+    Args:
+        topk_logprobs: ``[..., L, K]`` the sampling log-probs of each token's top candidates (K >= 1);
+            only the first ``topk`` are used.
+        step_mask: ``[..., L]`` 1 on the step's real tokens (left-aligned).
+        vocab_size: ``|V|`` of the policy's tokenizer.
+
+    Example:
+        >>> lp = torch.log(torch.full((1, 3, 2), 0.5))          # three tokens, two equal candidates
+        >>> round(step_entropy_reference(lp, torch.tensor([[1, 1, 0]]), vocab_size=4, max_tokens=20).item(), 4)
+        1.0
+    """
+    if vocab_size < 2:
+        raise ValueError(f"vocab_size must be >= 2, got {vocab_size}")
+    per_token = topk_token_entropy(topk_logprobs[..., :topk])
+    positions = torch.cumsum(step_mask.long(), dim=-1)
+    leading = (step_mask > 0) & (positions <= max_tokens)
+    return (per_token * leading.to(per_token.dtype)).sum(-1) / math.log(vocab_size)
+
+
+# ----------------------------------------------------------------------------------------------
+# §5 retrieval reward
+
+
+def retrieval_entropy_pairs(
+    step_entropies: torch.Tensor, step_mask: torch.Tensor, retrieved_after: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(H_pre, H_post, valid)`` for each retrieval, from per-step entropies and retrieval marks (§5).
+
+    A retrieval spliced into the observation that follows step ``s`` has ``H_pre = H(s)`` and
+    ``H_post = H(s + 1)``, the first policy step after it.
+
+    Args:
+        step_entropies: ``[B, S]`` entropy of each policy step, padded.
+        step_mask: ``[B, S]`` 1 on real steps.
+        retrieved_after: ``[B, S]`` 1 where a retrieval was spliced after step ``s``.
+
+    Returns:
+        ``H_pre``, ``H_post`` and ``valid``, each ``[B, S]``. ``valid`` drops retrievals with no policy
+        step after them (the episode ran out of budget); the spec's formula needs ``H_post``.
+
+    Example:
+        >>> pre, post, valid = retrieval_entropy_pairs(
+        ...     torch.tensor([[2.0, 1.0, 0.5]]), torch.tensor([[1, 1, 1]]), torch.tensor([[1, 0, 1]]))
+        >>> pre.tolist(), post.tolist(), valid.tolist()
+        ([[2.0, 1.0, 0.5]], [[1.0, 0.5, 0.0]], [[True, False, False]])
+    """
+    if not (step_entropies.shape == step_mask.shape == retrieved_after.shape):
+        raise ValueError(
+            "step_entropies, step_mask and retrieved_after must have one shape, got "
+            f"{tuple(step_entropies.shape)}, {tuple(step_mask.shape)}, {tuple(retrieved_after.shape)}"
+        )
+    steps = step_mask > 0
+    next_entropy = torch.nn.functional.pad(step_entropies[..., 1:], (0, 1))
+    next_exists = torch.nn.functional.pad(steps[..., 1:], (0, 1), value=False)
+    valid = (retrieved_after > 0) & steps & next_exists
+    return step_entropies, next_entropy, valid
+
+
+def retrieval_reward(
+    h_pre: torch.Tensor, h_post: torch.Tensor, valid: torch.Tensor, eps: float = EPS
+) -> torch.Tensor:
+    """``Z_ret`` per rollout (§5): the mean over its retrievals of ``tanh(2 dH_k) * H_pre``.
+
+    ``dH_k = -(H_post - H_pre) / (H_pre + eps)`` rewards a relative entropy drop (quality), and
+    the factor ``H_pre`` rewards retrieving when the policy is uncertain (timing). Rollouts
+    without a valid retrieval get ``Z_ret = 0``.
+
+    Args:
+        h_pre, h_post, valid: ``[B, K]`` entropies around each retrieval and its validity mask.
+
+    Returns:
+        ``[B]`` the retrieval reward of each rollout.
+
+    Example:
+        >>> z = retrieval_reward(torch.tensor([[1.0]]), torch.tensor([[0.5]]), torch.tensor([[True]]))
+        >>> round(z.item(), 4) == round(math.tanh(1.0), 4)
+        True
+    """
+    delta_h = -(h_post - h_pre) / (h_pre + eps)
+    z_k = torch.tanh(2.0 * delta_h) * h_pre
+    return masked_mean(z_k, valid, dim=-1)
+
+
+# ----------------------------------------------------------------------------------------------
+# §6 advantages
+
+
+def group_normalize(values: torch.Tensor, group_index: torch.Tensor, eps: float = EPS) -> torch.Tensor:
+    """``(x - mean_g(x)) / (std_g(x) + eps)`` within each group ``g`` (§6), as GRPO's ``A_acc``.
+
+    The std is the unbiased one (``n - 1``); a group of one gets mean 0 and std 1, as in verl.
+    Groups may have different sizes and need not be contiguous.
+
+    Args:
+        values: ``[N]`` one value per rollout (reward ``R`` or ``Z_ret``).
+        group_index: ``[N]`` integer id of each rollout's group (question).
+
+    Example:
+        >>> [round(a, 4) for a in group_normalize(torch.tensor([1.0, 0.0, 5.0]), torch.tensor([0, 0, 1])).tolist()]
+        [0.7071, -0.7071, 5.0]
+    """
+    if values.dim() != 1 or values.shape != group_index.shape:
+        raise ValueError(
+            f"values and group_index must be 1-d of one length, got {tuple(values.shape)} and {tuple(group_index.shape)}"
+        )
+    _, dense = torch.unique(group_index, return_inverse=True)
+    num_groups = int(dense.max().item()) + 1 if dense.numel() else 0
+    counts = torch.zeros(num_groups, dtype=values.dtype, device=values.device).index_add_(
+        0, dense, torch.ones_like(values)
+    )
+    sums = torch.zeros_like(counts).index_add(0, dense, values)
+    means = sums / counts
+    squared = torch.zeros_like(counts).index_add(0, dense, (values - means[dense]) ** 2)
+    stds = torch.sqrt(squared / (counts - 1).clamp(min=1))
+    single = counts == 1
+    means = torch.where(single, torch.zeros_like(means), means)
+    stds = torch.where(single, torch.ones_like(stds), stds)
+    return (values - means[dense]) / (stds[dense] + eps)
+
+
+def fused_advantage(a_acc: torch.Tensor, a_ret: torch.Tensor, advantage_weight: float) -> torch.Tensor:
+    """``A = A_acc * (1 + a * A_ret)`` (§6).
+
+    Example:
+        >>> fused_advantage(torch.tensor([1.0, -1.0]), torch.tensor([0.5, 0.5]), 0.2)
+        tensor([ 1.1000, -1.1000])
+    """
+    return a_acc * (1.0 + advantage_weight * a_ret)
+
+
+def rapo_advantages(
+    rewards: torch.Tensor,
+    z_ret: torch.Tensor,
+    group_index: torch.Tensor,
+    advantage_weight: float = 0.2,
+    eps: float = EPS,
+) -> torch.Tensor:
+    """RAPO's advantage per rollout (§6): ``A_acc * (1 + a * A_ret)`` with both normalised per group.
+
+    ``A_ret`` normalises ``Z_ret`` over the whole group, on-policy zeros included; when every
+    ``Z_ret`` of a group is 0, ``A_ret = 0`` and the result is GRPO's ``A_acc``.
+
+    Example:
+        >>> group = torch.tensor([0, 0])
+        >>> [round(a, 4) for a in rapo_advantages(torch.tensor([1.0, 0.0]), torch.zeros(2), group).tolist()]
+        [0.7071, -0.7071]
+    """
+    a_acc = group_normalize(rewards, group_index, eps)
+    a_ret = group_normalize(z_ret, group_index, eps)
+    return fused_advantage(a_acc, a_ret, advantage_weight)
+
+
+# ----------------------------------------------------------------------------------------------
+# §7 importance shaping and loss
+
+
+def retrieval_fraction(retrieval_mask: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+    """``F_ret`` = retrieved tokens / response tokens of each trajectory (§7); 0 for on-policy rollouts.
+
+    Args:
+        retrieval_mask: ``[B, T]`` 1 on spliced retrieval tokens.
+        response_mask: ``[B, T]`` 1 on every response token (policy, tool results and retrieval).
+
+    Example:
+        >>> retrieval_fraction(torch.tensor([[0, 1, 1, 0]]), torch.tensor([[1, 1, 1, 1]])).tolist()
+        [0.5]
+    """
+    retrieved = (retrieval_mask > 0).sum(-1).float()
+    response = (response_mask > 0).sum(-1).float()
+    return retrieved / response.clamp(min=1.0)
+
+
+def k3_kl(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
+    """Per-token k3 estimator of ``KL(pi || pi_ref)``: ``exp(ref - logp) - (ref - logp) - 1`` (>= 0).
+
+    Example:
+        >>> k3_kl(torch.tensor([-1.0]), torch.tensor([-1.0])).tolist()
+        [0.0]
+    """
+    log_ratio = ref_logp - logp
+    return torch.exp(log_ratio) - log_ratio - 1.0
+
+
+@dataclass
+class LossOutput:
+    """What :func:`rapo_policy_loss` returns: the scalar to back-propagate and detached statistics."""
+
+    loss: torch.Tensor
+    """The scalar loss (policy-gradient term plus the optional KL and entropy terms)."""
+    policy_loss: torch.Tensor
+    """The clipped policy-gradient term alone (detached)."""
+    clip_fraction: torch.Tensor
+    """Share of policy tokens where the ratio clip was active (detached)."""
+    dual_clip_fraction: torch.Tensor
+    """Share of policy tokens where the dual clip for ``A < 0`` was active (detached)."""
+    approx_kl: torch.Tensor
+    """Token mean of ``logp_old - logp_new`` (k1 estimate of the update's KL, detached)."""
+    kl: torch.Tensor
+    """Token mean of the k3 KL to the reference policy (0 when not computed, detached)."""
+    entropy: torch.Tensor
+    """Token mean of the policy entropy (0 when not given, detached)."""
+
+
+def rapo_policy_loss(
+    logp_new: torch.Tensor,
+    logp_old: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    f_ret: torch.Tensor | None = None,
+    config: RAPOConfig | None = None,
+    ref_logp: torch.Tensor | None = None,
+    entropies: torch.Tensor | None = None,
+    token_normalizer: float | torch.Tensor | None = None,
+) -> LossOutput:
+    """RAPO's shaped, asymmetric- and dual-clipped policy loss, token-mean over policy tokens (§7).
+
+    ``r = exp(logp_new - logp_old)``, ``r_hat = (1 + m F_ret) r``,
+    ``L = -min(r_hat A, clip(r_hat, 1 - eps_low, 1 + eps_high) A)``, for ``A < 0``
+    ``L = min(L, -c A)``, ``loss = sum(L * mask) / sum(mask)`` (+ ``kl_coef * k3`` - ``entropy_coef * H``).
+
+    Args:
+        logp_new: ``[B, T]`` log-probs of the sampled tokens under the policy being trained.
+        logp_old: ``[B, T]`` log-probs under the rollout policy.
+        advantages: ``[B]`` per rollout or ``[B, T]`` per token.
+        mask: ``[B, T]`` 1 on policy tokens (0 on prompt, tool results, retrieval and padding).
+        f_ret: ``[B]`` retrieved-token fraction ``F_ret``; None means 0 (no shaping).
+        config: the weights and clip ranges; :class:`RAPOConfig` defaults when None.
+        ref_logp: ``[B, T]`` reference-policy log-probs, needed when ``config.kl_coef > 0``.
+        entropies: ``[B, T]`` per-token entropies, needed when ``config.entropy_coef > 0``.
+        token_normalizer: divide the token sum by this instead of ``mask.sum()``; a trainer that
+            accumulates gradients over micro-batches passes the token count of the whole mini-batch
+            so that the accumulated loss is the mini-batch's token mean.
+
+    Example:
+        >>> logp = torch.zeros(1, 3, requires_grad=True)
+        >>> out = rapo_policy_loss(logp, torch.zeros(1, 3), torch.tensor([1.0]), torch.tensor([[1, 1, 0]]))
+        >>> round(out.loss.item(), 4)
+        -1.0
+    """
+    config = config or RAPOConfig()
+    if logp_new.shape != logp_old.shape or logp_new.shape != mask.shape:
+        raise ValueError(
+            f"logp_new, logp_old and mask must have one shape, got {tuple(logp_new.shape)}, "
+            f"{tuple(logp_old.shape)}, {tuple(mask.shape)}"
+        )
+    if config.kl_coef > 0 and ref_logp is None:
+        raise ValueError("kl_coef > 0 needs ref_logp")
+    if config.entropy_coef > 0 and entropies is None:
+        raise ValueError("entropy_coef > 0 needs entropies")
+    if advantages.dim() == 1:
+        advantages = advantages.unsqueeze(-1)
+    mask = mask.to(logp_new.dtype)
+    normalizer = mask.sum().clamp(min=1.0) if token_normalizer is None else token_normalizer
+
+    def token_mean(values: torch.Tensor) -> torch.Tensor:
+        return (values * mask).sum() / normalizer
+
+    log_ratio = logp_new - logp_old
+    ratio = torch.exp(log_ratio)
+    if f_ret is not None:
+        ratio = (1.0 + config.shaping_weight * f_ret.to(ratio.dtype)).unsqueeze(-1) * ratio
+    unclipped = -advantages * ratio
+    clipped = -advantages * torch.clamp(ratio, 1.0 - config.clip_ratio_low, 1.0 + config.clip_ratio_high)
+    clip_loss = torch.maximum(unclipped, clipped)
+    dual_bound = -advantages * config.clip_ratio_c
+    token_loss = torch.where(advantages < 0, torch.minimum(clip_loss, dual_bound), clip_loss)
+    policy_loss = token_mean(token_loss)
+
+    loss = policy_loss
+    zero = policy_loss.new_zeros(())
+    kl = zero
+    if config.kl_coef > 0:
+        kl = token_mean(k3_kl(logp_new, ref_logp))
+        loss = loss + config.kl_coef * kl
+    entropy = zero
+    if entropies is not None:
+        entropy = token_mean(entropies)
+        if config.entropy_coef > 0:
+            loss = loss - config.entropy_coef * entropy
+
+    with torch.no_grad():
+        clip_active = (clipped > unclipped).to(mask.dtype)
+        dual_active = ((advantages < 0) & (clip_loss > dual_bound)).to(mask.dtype)
+        stats = {
+            "clip_fraction": masked_mean(clip_active, mask),
+            "dual_clip_fraction": masked_mean(dual_active, mask),
+            "approx_kl": masked_mean(-log_ratio, mask),
+        }
+    return LossOutput(
+        loss=loss,
+        policy_loss=policy_loss.detach(),
+        kl=kl.detach(),
+        entropy=entropy.detach(),
+        **stats,
+    )

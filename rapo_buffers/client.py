@@ -1,0 +1,92 @@
+"""An HTTP client of the ``/retrieve`` service that implements the `Retriever` protocol.
+
+Connection failures, 429 and 5xx answers are retried with back-off (by
+`rapo_tools.http_client.RetryingClient`); what still fails raises a typed error:
+`rapo_tools.base.ServiceUnavailableError` (dead service, malformed answer),
+`rapo_tools.base.ToolTimeoutError` or `rapo_tools.base.BadToolInputError` (4xx). The retrieval
+wrapper turns any of them into "no retrieval on this step".
+
+Example:
+    >>> from rapo_buffers.candidates import Candidate, StaticRetriever
+    >>> from rapo_buffers.service import create_retrieval_app
+    >>> from rapo_tools.serving import serve_in_thread
+    >>> app = create_retrieval_app(StaticRetriever([Candidate("<python>1+1</python>", 1.0, 0.5)]))
+    >>> with serve_in_thread(app) as url:
+    ...     client = RetrievalClient(url)
+    ...     client.retrieve(["q"], topk=1)[0][0].value
+    '<python>1+1</python>'
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rapo_buffers.candidates import Candidate
+from rapo_buffers.service import RETRIEVE_ROUTE
+from rapo_tools.aio import on_portal, run_sync
+from rapo_tools.base import ServiceUnavailableError
+from rapo_tools.http_client import RetryingClient
+
+
+def parse_retrieve_answer(answer: Any, expected_queries: int) -> list[list[Candidate]]:
+    """Turn a ``/retrieve`` JSON answer into candidates.
+
+    Raises:
+        ServiceUnavailableError: when the answer does not have the reference shape.
+    """
+    result = answer.get("result") if isinstance(answer, dict) else None
+    if not isinstance(result, list) or len(result) != expected_queries:
+        raise ServiceUnavailableError(f"malformed /retrieve answer: expected {expected_queries} result lists")
+    try:
+        return [[Candidate.from_json(item) for item in hits] for hits in result]
+    except (TypeError, ValueError) as error:
+        raise ServiceUnavailableError(f"malformed /retrieve answer: {error}") from error
+
+
+class RetrievalClient:
+    """`Retriever` over HTTP.
+
+    Args:
+        base_url: The service root, e.g. ``"http://127.0.0.1:8001"``.
+        timeout_s: Time limit of one attempt.
+        retries: Extra attempts after a connection failure, 429 or 5xx.
+        backoff_s: Delay before the first retry (doubles each time).
+        max_concurrency: Requests in flight at once through this client.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        timeout_s: float = 10.0,
+        retries: int = 3,
+        backoff_s: float = 0.2,
+        max_concurrency: int = 64,
+    ):
+        self.base_url = base_url.rstrip("/")
+        self._http = RetryingClient(
+            self.base_url, timeout_s=timeout_s, retries=retries, backoff_s=backoff_s, max_concurrency=max_concurrency
+        )
+
+    async def _retrieve(self, queries: list[str], topk: int) -> list[list[Candidate]]:
+        answer = await self._http.post_json(RETRIEVE_ROUTE, {"queries": list(queries), "topk": topk, "return_scores": True})
+        return parse_retrieve_answer(answer, len(queries))
+
+    async def aretrieve(self, queries: list[str], topk: int) -> list[list[Candidate]]:
+        """Async `retrieve`, awaitable from any event loop."""
+        if not queries:
+            return []
+        return await on_portal(self._retrieve(queries, topk))
+
+    def retrieve(self, queries: list[str], topk: int) -> list[list[Candidate]]:
+        """For each query, up to ``topk`` candidates, best first (blocking)."""
+        if not queries:
+            return []
+        return run_sync(self._retrieve(queries, topk))
+
+    def health(self) -> dict[str, Any]:
+        """The service's ``/health`` answer."""
+        return run_sync(self._http.get_json("/health"))
+
+    def close(self) -> None:
+        """Close the connection pool (reopened on next use)."""
+        run_sync(self._http.aclose())

@@ -1,0 +1,1 @@
+"""The registered environments (imported lazily through Gymnasium's string entry points)."""

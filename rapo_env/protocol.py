@@ -1,0 +1,189 @@
+"""The tag protocol of spec §1: find tool calls, answers and ``\\boxed{}`` in model text; check format (§2).
+
+Every function here takes any string, of any size and content, and never raises:
+parsing is linear-time scanning with `str.rfind`, not backtracking regexes.
+
+Example:
+    >>> call = find_last_tool_call("<think>add</think><python>print(1 + 1)</python>")
+    >>> call.tag, call.argument
+    ('python', 'print(1 + 1)')
+    >>> extract_boxed("<answer>The total is \\\\boxed{\\\\frac{1}{2}}</answer>")
+    '\\\\frac{1}{2}'
+    >>> check_format("<python>1</python> <result>\\n1\\n</result><answer>\\\\boxed{1}</answer>").ok
+    True
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+
+TOOL_TAGS: tuple[str, ...] = ("python", "search")
+"""The tool tags of the reasoning and knowledge tasks; each env may extend its own set."""
+
+RESULT_OPEN, RESULT_CLOSE = "<result>", "</result>"
+ANSWER_OPEN, ANSWER_CLOSE = "<answer>", "</answer>"
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+_BOXED_COMMANDS = ("\\boxed", "\\fbox")
+_MAX_BOXED_ATTEMPTS = 64
+
+
+@dataclasses.dataclass(frozen=True)
+class ToolCall:
+    """One complete ``<tag>argument</tag>`` span of a model turn."""
+
+    tag: str
+    argument: str
+    start: int
+    """Index of the opening tag's ``<``."""
+    end: int
+    """Index just past the closing tag."""
+
+
+@dataclasses.dataclass(frozen=True)
+class FormatCheck:
+    """Outcome of `check_format`: ``ok``, or the first rule broken."""
+
+    ok: bool
+    reason: str | None = None
+
+
+def closing_tags(tags: Iterable[str]) -> list[str]:
+    """The stop strings of a generation: each tool's closing tag and ``</answer>``."""
+    return [f"</{tag}>" for tag in tags] + [ANSWER_CLOSE]
+
+
+def find_last_tool_call(text: str, tags: Iterable[str] = TOOL_TAGS) -> ToolCall | None:
+    """The complete tool call whose closing tag comes last in ``text``, or None."""
+    best: ToolCall | None = None
+    for tag in tags:
+        open_tag, close_tag = f"<{tag}>", f"</{tag}>"
+        close = text.rfind(close_tag)
+        while close != -1:
+            start = text.rfind(open_tag, 0, close)
+            if start != -1:
+                break
+            close = text.rfind(close_tag, 0, close)  # a stray closing tag: look further back
+        if close == -1 or (best is not None and close + len(close_tag) <= best.end):
+            continue
+        best = ToolCall(tag, text[start + len(open_tag) : close], start, close + len(close_tag))
+    return best
+
+
+def count_tool_calls(text: str, tags: Iterable[str] = TOOL_TAGS) -> int:
+    """Number of closing tool tags in ``text`` (each complete call has one)."""
+    return sum(text.count(f"</{tag}>") for tag in tags)
+
+
+def find_unclosed_tag(text: str, tags: Iterable[str] = TOOL_TAGS) -> str | None:
+    """A tool tag opened after the last closing tag of its kind, e.g. a turn cut off mid-call."""
+    for tag in tags:
+        if text.rfind(f"<{tag}>") > text.rfind(f"</{tag}>"):
+            return tag
+    return None
+
+
+def extract_answer(text: str) -> str | None:
+    """Content of the last ``<answer>...</answer>``; an answer left open runs to the end of ``text``."""
+    start = text.rfind(ANSWER_OPEN)
+    if start == -1:
+        return None
+    start += len(ANSWER_OPEN)
+    close = text.find(ANSWER_CLOSE, start)
+    return text[start:] if close == -1 else text[start:close]
+
+
+def has_answer(text: str) -> bool:
+    """Whether the text opens an ``<answer>``."""
+    return ANSWER_OPEN in text
+
+
+def _balanced_braces(text: str, open_index: int) -> str | None:
+    depth = 0
+    for index in range(open_index, len(text)):
+        char = text[index]
+        if char == "{":
+            depth += 1
+        elif char == "}":
+            depth -= 1
+            if depth == 0:
+                return text[open_index + 1 : index]
+    return None
+
+
+def extract_boxed(text: str) -> str | None:
+    """Content of the last ``\\boxed{...}`` (or ``\\fbox{...}``) with balanced braces, else None.
+
+    Also accepts the brace-less form ``\\boxed 5``.
+    """
+    candidates: list[tuple[int, str]] = []
+    for command in _BOXED_COMMANDS:
+        position = len(text)
+        for _ in range(_MAX_BOXED_ATTEMPTS):
+            position = text.rfind(command, 0, position)
+            if position == -1:
+                break
+            candidates.append((position, command))
+    for position, command in sorted(candidates, reverse=True):
+        rest = position + len(command)
+        if text.startswith("{", rest):
+            content = _balanced_braces(text, rest)
+            if content is not None:
+                return content
+        elif text.startswith(" ", rest):
+            word = text[rest + 1 :].split(maxsplit=1)
+            if word:
+                return word[0].rstrip("$.")
+    return None
+
+
+def format_result(text: str) -> str:
+    """Wrap a tool's output as the observation appended to the context: `` <result>\\n...\\n</result>``.
+
+    A result tag printed by the tool itself is defused, so results always pair up.
+    """
+    safe = text.rstrip("\n").replace(RESULT_CLOSE, "</ result>").replace(RESULT_OPEN, "< result>")
+    return f" {RESULT_OPEN}\n{safe}\n{RESULT_CLOSE}"
+
+
+def strip_results(text: str) -> str:
+    """``text`` without its ``<result>...</result>`` blocks: what the policy itself wrote."""
+    pieces, position = [], 0
+    while (start := text.find(RESULT_OPEN, position)) != -1:
+        close = text.find(RESULT_CLOSE, start)
+        if close == -1:
+            break
+        pieces.append(text[position:start])
+        position = close + len(RESULT_CLOSE)
+    pieces.append(text[position:])
+    return "".join(pieces)
+
+
+def check_format(response: str, tool_tags: Iterable[str] = TOOL_TAGS) -> FormatCheck:
+    """Spec §2's format rules over a whole response (the policy's turns and the tool results).
+
+    Broken when: ``<think>`` is unbalanced; there is not exactly one ``<answer>...</answer>``;
+    a tool call has no ``<result>`` right after it; the answer has no ``\\boxed{}``.
+    Tags printed inside tool results do not count.
+    """
+    own = strip_results(response)
+    if own.count(THINK_OPEN) != own.count(THINK_CLOSE):
+        return FormatCheck(False, "unbalanced <think> tags")
+    if own.count(ANSWER_OPEN) != 1 or own.count(ANSWER_CLOSE) != 1:
+        return FormatCheck(False, "the response must contain exactly one <answer>...</answer>")
+    if own.find(ANSWER_OPEN) > own.find(ANSWER_CLOSE):
+        return FormatCheck(False, "</answer> comes before <answer>")
+    for tag in tool_tags:
+        close_tag = f"</{tag}>"
+        position = response.find(close_tag)
+        while position != -1:
+            after = position + len(close_tag)
+            next_text = after
+            while next_text < len(response) and response[next_text].isspace():
+                next_text += 1
+            if not response.startswith(RESULT_OPEN, next_text):
+                return FormatCheck(False, f"a <{tag}> call has no <result> after it")
+            position = response.find(close_tag, after)
+    if extract_boxed(extract_answer(own) or "") is None:
+        return FormatCheck(False, "the answer has no \\boxed{...}")
+    return FormatCheck(True)

@@ -1,0 +1,266 @@
+"""`StepTraceRetrievalWrapper`: splice retrieved step traces of an off-policy agent into hybrid rollouts (spec §4).
+
+The wrapper works on any Gymnasium env whose observations and actions are text. It keeps the
+episode's context (the reset observation, then each action and each returned observation) and,
+in a *hybrid* rollout, after a tool round and with probability ``retrieve_prob``, queries a
+`rapo_buffers.candidates.Retriever` with that context, picks one of the top ``topk`` step traces
+and appends it to the observation inside ``template``. What it spliced is reported in
+``info["retrieval"]`` so that a rollout engine can mask those tokens out of the loss:
+
+    {"text": the spliced text, "span": (start, end) of it inside the returned observation,
+     "candidates": [values], "scores": [...], "rewards": [...], "chosen": index, or None for the fallback,
+     "fallback": bool}
+
+``info["retrieval"]`` is None on steps without a splice. A retriever failure means no splice on
+that step, counted in ``info["retrieval_errors"]`` (per episode); the episode goes on.
+
+Which rollouts are hybrid: ``reset(options={"rollout_index": i})`` (or ``info["rollout_index"]``)
+gives the rollout's index in its group of ``group_size``; with ``hybrid_rule="paper"`` rollouts with
+``i >= no_retrieve_first_k`` are hybrid (8 of 16), with ``"reference"`` those with ``i > k`` (7 of 16,
+what the reference code does). Without an index every rollout is hybrid.
+
+Example:
+    >>> import gymnasium as gym
+    >>> from rapo_buffers.candidates import Candidate, StaticRetriever
+    >>> class Calculator(gym.Env):  # any text env: the observation answers the action
+    ...     observation_space = action_space = gym.spaces.Text(256, charset=[chr(c) for c in range(32, 127)] + ["\\n"])
+    ...     def reset(self, *, seed=None, options=None):
+    ...         return "What is 6*7?", {}
+    ...     def step(self, action):
+    ...         return " <result>\\n42\\n</result>", 0.0, False, False, {}
+    >>> retriever = StaticRetriever([Candidate("<python>6*7</python> <result>\\n42\\n</result>", 1.0, 0.9)])
+    >>> env = StepTraceRetrievalWrapper(Calculator(), retriever, retrieve_prob=1.0, seed=0)
+    >>> observation, info = env.reset(options={"rollout_index": 12})
+    >>> observation, reward, terminated, truncated, info = env.step("<python>6*7</python>")
+    >>> start, end = info["retrieval"]["span"]
+    >>> observation[start:end] == info["retrieval"]["text"]
+    True
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import gymnasium as gym
+import numpy as np
+
+from rapo_buffers.candidates import Candidate, Retriever
+from rapo_buffers.schema import is_final_step_text
+from rapo_buffers.text import normalize_context
+
+REFERENCE_TEMPLATE = (
+    " Additional context is enclosed in <retrieve> </retrieve> tags. Use it if helpful. "
+    "<retrieve>\n{value}\n</retrieve>"
+)
+"""The reference's splice format; ``{value}`` is replaced by the chosen step trace."""
+
+FALLBACK_TEXT = (
+    "No reliable reference step was found for this point. "
+    "Solve the problem carefully with your own reasoning."
+)
+"""Spliced instead of a step trace whose trajectory reward is <= 0 (the reference's fixed instruction)."""
+
+SELECT_RULES = ("max_reward", "most_similar")
+HYBRID_RULES = ("paper", "reference")
+
+
+def select_candidate(candidates: list[Candidate], rule: str) -> int:
+    """Index of the candidate to splice (candidates are sorted by decreasing score).
+
+    ``max_reward`` (reference): the highest reward, ties broken by similarity.
+    ``most_similar`` (paper): the highest score.
+
+    Raises:
+        ValueError: for an empty list or an unknown rule.
+    """
+    if not candidates:
+        raise ValueError("no candidates to select from")
+    if rule == "max_reward":
+        return max(range(len(candidates)), key=lambda i: (candidates[i].reward, candidates[i].score, -i))
+    if rule == "most_similar":
+        return max(range(len(candidates)), key=lambda i: (candidates[i].score, -i))
+    raise ValueError(f"unknown select rule {rule!r}; expected one of {SELECT_RULES}")
+
+
+class StepTraceRetrievalWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
+    """Splice retrieved step traces into the observations of hybrid rollouts (spec §4).
+
+    Args:
+        env: any env with ``str`` observations and actions.
+        retriever: a `Retriever`, or a string: ``"default"`` (the embedded scripted-expert buffer,
+            built on first use) or the URL of a ``/retrieve`` service (``http://host:port``).
+        retrieve_prob: probability of a retrieval after each tool round of a hybrid rollout.
+        topk: candidates considered per retrieval.
+        select: ``"max_reward"`` (reference: highest reward, ties by similarity) or ``"most_similar"`` (paper).
+        no_retrieve_first_k: the first k rollouts of each group stay on-policy.
+        group_size: rollouts per question (``ROLLOUT_N``); the rollout index is taken modulo it.
+        template: the splice format, with a ``{value}`` placeholder.
+        fallback_text: spliced (inside ``template``) when the chosen candidate's reward is <= 0.
+        allow_final_steps: splice final-answer steps too (off by default: they break the one-answer format).
+        hybrid_rule: ``"paper"`` (index >= k is hybrid) or ``"reference"`` (index > k).
+        max_context_chars: skip a splice that would make the context longer than this (None: no limit).
+        seed: seed of the wrapper's random generator; ``reset(seed=...)`` reseeds it.
+    """
+
+    def __init__(
+        self,
+        env: gym.Env,
+        retriever: Retriever | str,
+        retrieve_prob: float = 0.5,
+        topk: int = 3,
+        select: Literal["max_reward", "most_similar"] = "max_reward",
+        no_retrieve_first_k: int = 8,
+        group_size: int = 16,
+        template: str = REFERENCE_TEMPLATE,
+        fallback_text: str = FALLBACK_TEXT,
+        allow_final_steps: bool = False,
+        hybrid_rule: Literal["paper", "reference"] = "paper",
+        max_context_chars: int | None = None,
+        seed: int | None = None,
+    ):
+        if not 0.0 <= retrieve_prob <= 1.0:
+            raise ValueError(f"retrieve_prob must be in [0, 1], got {retrieve_prob}")
+        if topk < 1:
+            raise ValueError(f"topk must be at least 1, got {topk}")
+        if select not in SELECT_RULES:
+            raise ValueError(f"select must be one of {SELECT_RULES}, got {select!r}")
+        if hybrid_rule not in HYBRID_RULES:
+            raise ValueError(f"hybrid_rule must be one of {HYBRID_RULES}, got {hybrid_rule!r}")
+        if no_retrieve_first_k < 0 or group_size < 1:
+            raise ValueError("no_retrieve_first_k must be >= 0 and group_size >= 1")
+        if "{value}" not in template:
+            raise ValueError("template must contain the placeholder {value}")
+        if max_context_chars is not None and max_context_chars < 1:
+            raise ValueError(f"max_context_chars must be positive or None, got {max_context_chars}")
+        gym.utils.RecordConstructorArgs.__init__(
+            self,
+            retriever=retriever,
+            retrieve_prob=retrieve_prob,
+            topk=topk,
+            select=select,
+            no_retrieve_first_k=no_retrieve_first_k,
+            group_size=group_size,
+            template=template,
+            fallback_text=fallback_text,
+            allow_final_steps=allow_final_steps,
+            hybrid_rule=hybrid_rule,
+            max_context_chars=max_context_chars,
+            seed=seed,
+        )
+        gym.Wrapper.__init__(self, env)
+        if isinstance(retriever, str):
+            from rapo_buffers.defaults import resolve_retriever
+
+            retriever = resolve_retriever(retriever)
+        if not isinstance(retriever, Retriever):
+            raise TypeError(f"retriever must implement retrieve(queries, topk), got {type(retriever).__name__}")
+        self.retriever = retriever
+        self.retrieve_prob = retrieve_prob
+        self.topk = topk
+        self.select = select
+        self.no_retrieve_first_k = no_retrieve_first_k
+        self.group_size = group_size
+        self.template = template
+        self.fallback_text = fallback_text
+        self.allow_final_steps = allow_final_steps
+        self.hybrid_rule = hybrid_rule
+        self.max_context_chars = max_context_chars
+        self._seed = seed
+        self._rng = np.random.default_rng(seed)
+        self._context = ""
+        self._hybrid = True
+        self._errors = 0
+        self._retrievals = 0
+
+    def is_hybrid(self, rollout_index: int | None) -> bool:
+        """Whether the rollout with this index (within its group) may retrieve; None means yes."""
+        if rollout_index is None:
+            return True
+        index = int(rollout_index) % self.group_size
+        if self.hybrid_rule == "paper":
+            return index >= self.no_retrieve_first_k
+        return index > self.no_retrieve_first_k
+
+    @property
+    def context(self) -> str:
+        """The episode's text so far: the reset observation, then every action and returned observation."""
+        return self._context
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        if seed is not None:
+            # Mixing in the constructor seed keeps two differently-seeded wrappers apart under one env seed.
+            self._rng = np.random.default_rng([seed, 0 if self._seed is None else self._seed])
+        observation, info = self.env.reset(seed=seed, options=options)
+        self._require_text(observation, "reset")
+        rollout_index = (options or {}).get("rollout_index", info.get("rollout_index"))
+        self._hybrid = self.is_hybrid(rollout_index)
+        self._context = observation
+        self._errors = 0
+        self._retrievals = 0
+        info = dict(info)
+        info.update(retrieval=None, hybrid=self._hybrid, retrieval_errors=0, retrieval_error=None, retrievals=0)
+        return observation, info
+
+    def step(self, action: str):
+        observation, reward, terminated, truncated, info = self.env.step(action)
+        self._require_text(observation, "step")
+        info = dict(info)
+        self._context += action
+        retrieval, error = None, None
+        # A tool round is a step that did not end the episode; rapo envs also say which tool ran (None: none ran).
+        tool_round = not (terminated or truncated) and info.get("tool", True) is not None
+        if self._hybrid and tool_round and self._rng.random() < self.retrieve_prob:
+            retrieval, error = self._retrieve(self._context + observation, observation)
+        if retrieval is not None:
+            observation = observation + retrieval["text"]
+            self._retrievals += 1
+        self._context += observation
+        info.update(
+            retrieval=retrieval,
+            hybrid=self._hybrid,
+            retrieval_errors=self._errors,
+            retrieval_error=error,
+            retrievals=self._retrievals,
+        )
+        return observation, reward, terminated, truncated, info
+
+    def _retrieve(self, query: str, observation: str) -> tuple[dict[str, Any] | None, str | None]:
+        """Query the retriever and build the splice; (None, error text) when the retriever failed."""
+        fetch = self.topk if self.allow_final_steps else 2 * self.topk  # room for dropped final steps
+        try:
+            results = self.retriever.retrieve([normalize_context(query)], fetch)
+            candidates = list(results[0])
+            if not all(isinstance(candidate, Candidate) for candidate in candidates):
+                raise TypeError("the retriever returned something other than Candidate objects")
+        except Exception as error:  # any retriever failure: no splice on this step, the episode goes on
+            self._errors += 1
+            return None, f"{type(error).__name__}: {error}"
+        if not self.allow_final_steps:
+            candidates = [c for c in candidates if not (c.is_final or is_final_step_text(c.value))]
+        candidates = candidates[: self.topk]
+        if not candidates:
+            return None, None
+        chosen: int | None = select_candidate(candidates, self.select)
+        if candidates[chosen].reward <= 0:
+            value, chosen = self.fallback_text, None
+        else:
+            value = candidates[chosen].value
+        text = self.template.replace("{value}", value)
+        if self.max_context_chars is not None and len(self._context) + len(observation) + len(text) > self.max_context_chars:
+            return None, None
+        return {
+            "text": text,
+            "span": (len(observation), len(observation) + len(text)),
+            "candidates": [c.value for c in candidates],
+            "scores": [c.score for c in candidates],
+            "rewards": [c.reward for c in candidates],
+            "chosen": chosen,
+            "fallback": chosen is None,
+        }, None
+
+    @staticmethod
+    def _require_text(observation: Any, where: str) -> None:
+        if not isinstance(observation, str):
+            raise TypeError(
+                f"StepTraceRetrievalWrapper needs text observations; {where} returned {type(observation).__name__}"
+            )

