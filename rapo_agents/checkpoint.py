@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import random
 import re
 import shutil
@@ -111,7 +112,7 @@ class CheckpointManager:
         try:
             # The state holds NumPy RNG tuples and Python objects that the weights-only loader refuses.
             return torch.load(file, map_location="cpu", weights_only=False)
-        except (OSError, RuntimeError, EOFError, ValueError) as error:
+        except (OSError, RuntimeError, EOFError, ValueError, pickle.UnpicklingError) as error:
             raise CheckpointError(f"cannot read checkpoint {file}: {error}") from error
 
     def load_latest(self) -> dict[str, Any] | None:

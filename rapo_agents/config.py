@@ -62,15 +62,15 @@ class DataConfig:
     source: str = "procedural_math"
     """``procedural_math`` (generated, no files needed) or the path of a JSONL/JSON/parquet task file."""
     num_tasks: int = 256
-    """Number of procedural problems to generate (ignored for files)."""
-    difficulty: int = 1
-    """Difficulty of the procedural problems (number of reasoning steps grows with it)."""
-    data_seed: int = 0
-    """Seed of the procedural generator."""
+    """Number of procedural problems: the first ones of the ``train`` split (ignored for files)."""
+    difficulty: int | None = None
+    """Operations per procedural problem (1-5), or None for the env's default mix."""
     max_tasks: int | None = None
     """Use at most this many tasks of a file (None: all)."""
     env_id: str = "RAPO-Math-v0"
     """The registered Gymnasium env that scores the episodes."""
+    env_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """Extra keyword arguments of ``gym.make(env_id, ...)`` (reward, sandbox, search service URL, ...)."""
     shuffle: bool = True
     """Visit the questions in a fresh seeded order every epoch."""
 

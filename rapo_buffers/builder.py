@@ -152,6 +152,21 @@ def _count_nonblank_lines(path: str | os.PathLike[str]) -> int:
         return sum(1 for line in handle if line.strip())
 
 
+def build_buffer(
+    trajectories: Iterable[Trajectory],
+    output_path: str | os.PathLike[str],
+    config: BuildConfig | None = None,
+    tokenizer: str | None = None,
+) -> BuildStats:
+    """Build the buffer from ``trajectories`` and write it to ``output_path``; tokens counted with ``tokenizer`` if given."""
+    if tokenizer:
+        traces, stats = build_step_traces(trajectories, config, tokenizer_token_counter(tokenizer), tokenizer)
+    else:
+        traces, stats = build_step_traces(trajectories, config)
+    write_buffer(output_path, traces)
+    return stats
+
+
 def build_buffer_file(
     trajectory_paths: Sequence[str | os.PathLike[str]],
     output_path: str | os.PathLike[str],
@@ -174,10 +189,6 @@ def build_buffer_file(
         skipped += _count_nonblank_lines(path) - len(read)
     if not trajectories:
         raise ValueError(f"no trajectories in {', '.join(map(str, trajectory_paths))} ({skipped} unreadable lines)")
-    if tokenizer:
-        traces, stats = build_step_traces(trajectories, config, tokenizer_token_counter(tokenizer), tokenizer)
-    else:
-        traces, stats = build_step_traces(trajectories, config)
+    stats = build_buffer(trajectories, output_path, config, tokenizer)
     stats.skipped_lines = skipped
-    write_buffer(output_path, traces)
     return stats

@@ -1,10 +1,10 @@
 """`UnicodeText`: a Gymnasium text space that holds any Unicode string, the empty one included.
 
 Gymnasium's `Text` space only admits characters of a fixed charset, and its shared
-memory for `AsyncVectorEnv` stores indices into that charset, which garbles any other
-character. `UnicodeText` accepts every code point and registers shared-memory handlers
-that store code points, so vector envs carry model text intact with or without
-shared memory.
+memory for `AsyncVectorEnv` stores indices into that charset (and is read back only
+once), which garbles text. `UnicodeText` accepts every code point and registers
+shared-memory handlers that store code points and read them through a live view,
+so vector envs carry model text intact with or without shared memory.
 
 Example:
     >>> space = UnicodeText(max_length=16)
@@ -14,6 +14,7 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from ctypes import c_int32
 from multiprocessing.sharedctypes import SynchronizedArray
 from types import ModuleType
@@ -82,13 +83,39 @@ def _write_unicode_to_shared_memory(
     destination[len(codes) :] = 0
 
 
+class SharedTextBatch(Sequence[str]):
+    """A live view of the texts in a vector env's shared memory, decoded on access.
+
+    `AsyncVectorEnv` reads its shared observation buffer once, at construction, and relies on
+    that read returning a view (true for arrays). Strings are immutable, so a view object is the
+    only way for text; ``deepcopy`` (what the env returns when ``copy=True``) gives a plain tuple.
+    """
+
+    def __init__(self, space: UnicodeText, shared_memory: SynchronizedArray, n: int):
+        self._rows = np.frombuffer(shared_memory.get_obj(), dtype=np.int32).reshape((n, space.max_length))
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return tuple(self)[index]
+        row = self._rows[index]
+        length = int(np.count_nonzero(row))  # code points are stored +1, so only the tail is 0
+        return (row[:length] - 1).astype("<u4").tobytes().decode("utf-32-le", "surrogatepass")
+
+    def __eq__(self, other: object) -> bool:
+        return tuple(self) == (tuple(other) if isinstance(other, Sequence) else other)
+
+    def __deepcopy__(self, memo: dict) -> tuple[str, ...]:
+        return tuple(self)
+
+    def __repr__(self) -> str:
+        return f"SharedTextBatch{tuple(self)!r}"
+
+
 @read_from_shared_memory.register(UnicodeText)
 def _read_unicode_from_shared_memory(
     space: UnicodeText, shared_memory: SynchronizedArray[c_int32], n: int = 1
-) -> tuple[str, ...]:
-    rows = np.frombuffer(shared_memory.get_obj(), dtype=np.int32).reshape((n, space.max_length))
-    texts = []
-    for row in rows:
-        length = int(np.count_nonzero(row))  # code points are stored +1, so only the tail is 0
-        texts.append((row[:length] - 1).astype("<u4").tobytes().decode("utf-32-le", "surrogatepass"))
-    return tuple(texts)
+) -> SharedTextBatch:
+    return SharedTextBatch(space, shared_memory, n)

@@ -16,6 +16,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     # name: (module, one-line help)
     "envs": ("rapo_agents.cli.envs", "list the registered environments, their tools and datasets"),
     "rollout": ("rapo_agents.cli.rollout", "play episodes and write trajectories as JSONL"),
+    "buffer": ("rapo_agents.cli.buffer", "build, index and serve a step-trace buffer (POST /retrieve)"),
 }
 
 
@@ -43,7 +44,3 @@ def main(argv: list[str] | None = None) -> int:
     sub_parser = argparse.ArgumentParser(prog=f"rapo {name}", description=module.HELP)
     module.add_arguments(sub_parser)
     return int(module.run(sub_parser.parse_args(rest)) or 0)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

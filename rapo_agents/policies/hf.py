@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import inspect
 import os
 import shutil
 from collections.abc import Iterator, Mapping, Sequence
@@ -114,6 +115,11 @@ class HFPolicy:
         pad = tokenizer.pad_token_id
         self.pad_token_id = int(pad if pad is not None else min(self.eos_token_ids))
         self.max_context = int(getattr(model.config, "max_position_embeddings", 1 << 30))
+        # transformers renamed `past_key_values` to `cache` (5.x) and `num_logits_to_keep` to
+        # `logits_to_keep` (4.50); speak whichever this model's forward understands.
+        accepted = inspect.signature(model.forward).parameters
+        self._cache_kwarg = "cache" if "cache" in accepted else "past_key_values"
+        self._keep_kwarg = next((k for k in ("logits_to_keep", "num_logits_to_keep") if k in accepted), None)
 
     @classmethod
     def from_pretrained(
@@ -213,11 +219,13 @@ class HFPolicy:
         step_input, step_positions = input_ids, positions
         max_stop_chars = max((len(s) for p in params for s in p.stop), default=0)
         while live:
+            kwargs = {self._cache_kwarg: cache}
+            if self._keep_kwarg:
+                kwargs[self._keep_kwarg] = 1
             out = self.model(
-                input_ids=step_input, attention_mask=attention, position_ids=step_positions,
-                past_key_values=cache, use_cache=True, logits_to_keep=1,
+                input_ids=step_input, attention_mask=attention, position_ids=step_positions, use_cache=True, **kwargs
             )
-            cache = out.past_key_values
+            cache = out.get("cache") if out.get("cache") is not None else out.get("past_key_values")
             logits = out.logits[:, -1, :].float()
             tokens, token_logprobs, entropies, top = self._sample([rows[i] for i in live], logits)
             still_live = []

@@ -100,6 +100,10 @@ class StepTraceRetrievalWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
         hybrid_rule: ``"paper"`` (index >= k is hybrid) or ``"reference"`` (index > k).
         max_context_chars: skip a splice that would make the context longer than this (None: no limit).
         seed: seed of the wrapper's random generator; ``reset(seed=...)`` reseeds it.
+        vector_safe_info: for Gymnasium vector envs, which merge infos into typed arrays and cannot mix
+            None with dicts or integers: leave ``retrieval``/``retrieval_error`` out of ``info`` on steps
+            without them (the vector env's ``_retrieval`` mask tells which sub-envs spliced) and mark
+            the fallback with ``chosen = -1`` instead of None.
     """
 
     def __init__(
@@ -117,6 +121,7 @@ class StepTraceRetrievalWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
         hybrid_rule: Literal["paper", "reference"] = "paper",
         max_context_chars: int | None = None,
         seed: int | None = None,
+        vector_safe_info: bool = False,
     ):
         if not 0.0 <= retrieve_prob <= 1.0:
             raise ValueError(f"retrieve_prob must be in [0, 1], got {retrieve_prob}")
@@ -146,6 +151,7 @@ class StepTraceRetrievalWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
             hybrid_rule=hybrid_rule,
             max_context_chars=max_context_chars,
             seed=seed,
+            vector_safe_info=vector_safe_info,
         )
         gym.Wrapper.__init__(self, env)
         if isinstance(retriever, str):
@@ -165,6 +171,7 @@ class StepTraceRetrievalWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
         self.allow_final_steps = allow_final_steps
         self.hybrid_rule = hybrid_rule
         self.max_context_chars = max_context_chars
+        self.vector_safe_info = vector_safe_info
         self._seed = seed
         self._rng = np.random.default_rng(seed)
         self._context = ""
@@ -198,7 +205,9 @@ class StepTraceRetrievalWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
         self._errors = 0
         self._retrievals = 0
         info = dict(info)
-        info.update(retrieval=None, hybrid=self._hybrid, retrieval_errors=0, retrieval_error=None, retrievals=0)
+        info.update(hybrid=self._hybrid, retrieval_errors=0, retrievals=0)
+        if not self.vector_safe_info:
+            info.update(retrieval=None, retrieval_error=None)
         return observation, info
 
     def step(self, action: str):
@@ -215,13 +224,11 @@ class StepTraceRetrievalWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
             observation = observation + retrieval["text"]
             self._retrievals += 1
         self._context += observation
-        info.update(
-            retrieval=retrieval,
-            hybrid=self._hybrid,
-            retrieval_errors=self._errors,
-            retrieval_error=error,
-            retrievals=self._retrievals,
-        )
+        info.update(hybrid=self._hybrid, retrieval_errors=self._errors, retrievals=self._retrievals)
+        if retrieval is not None or not self.vector_safe_info:
+            info["retrieval"] = retrieval
+        if error is not None or not self.vector_safe_info:
+            info["retrieval_error"] = error
         return observation, reward, terminated, truncated, info
 
     def _retrieve(self, query: str, observation: str) -> tuple[dict[str, Any] | None, str | None]:
@@ -254,7 +261,7 @@ class StepTraceRetrievalWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
             "candidates": [c.value for c in candidates],
             "scores": [c.score for c in candidates],
             "rewards": [c.reward for c in candidates],
-            "chosen": chosen,
+            "chosen": -1 if chosen is None and self.vector_safe_info else chosen,
             "fallback": chosen is None,
         }, None
 

@@ -1,7 +1,12 @@
-"""Python code execution for the ``<python>`` tool.
+"""Python code execution for the ``<python>`` tool: one interface, several backends.
 
-`SandboxConfig` chooses and tunes a backend; `make_executor` builds it. Every backend
-has ``async run(code) -> ToolResult`` and ``async aclose()``.
+`SandboxConfig` chooses and tunes a backend; `make_executor` builds it; `PythonSandbox` is
+the user-facing object (``await sandbox.run(code)`` or ``sandbox.run_sync(code)``).
+Backends have ``async run(code) -> ToolResult`` and ``async aclose()``:
+
+- ``local`` (default): pooled warm workers isolated with bubblewrap (`local_backend`);
+- ``docker``: pooled warm workers in locked-down containers (`docker_backend`);
+- ``subprocess``: a fresh ``python`` per call, no isolation (`subprocess_backend`).
 
 Example:
     >>> from rapo_tools.sandbox import SandboxConfig, make_executor
@@ -12,43 +17,8 @@ Example:
 
 from __future__ import annotations
 
-import dataclasses
-from typing import Any, Literal
+from rapo_tools.sandbox.config import SandboxConfig
+from rapo_tools.sandbox.pool import SandboxUnavailableError
+from rapo_tools.sandbox.python_sandbox import PythonSandbox, make_executor
 
-
-@dataclasses.dataclass
-class SandboxConfig:
-    """Settings of the python sandbox (reachable from ``gym.make(..., sandbox=...)`` and YAML)."""
-
-    backend: Literal["subprocess"] = "subprocess"
-    """Which backend runs the code: ``subprocess`` (a fresh ``python`` per call, no isolation)."""
-    timeout_s: float = 10.0
-    """Wall-clock seconds before the whole process tree of a call is killed."""
-    max_output_bytes: int = 64_000
-    """Bytes of stdout (and of stderr) kept per call; the rest is dropped and the result marked truncated."""
-
-    @classmethod
-    def from_value(cls, value: SandboxConfig | dict[str, Any] | str | None) -> SandboxConfig:
-        """Accept a config, a dict of fields, a backend name, or None for the defaults."""
-        if value is None:
-            return cls()
-        if isinstance(value, cls):
-            return value
-        if isinstance(value, str):
-            return cls(backend=value)  # type: ignore[arg-type]
-        if isinstance(value, dict):
-            known = {f.name for f in dataclasses.fields(cls)}
-            unknown = set(value) - known
-            if unknown:
-                raise ValueError(f"unknown sandbox settings {sorted(unknown)}; known: {sorted(known)}")
-            return cls(**value)
-        raise TypeError(f"sandbox must be a SandboxConfig, dict, backend name or None, not {type(value).__name__}")
-
-
-def make_executor(config: SandboxConfig):
-    """Build the backend that ``config.backend`` names."""
-    if config.backend == "subprocess":
-        from rapo_tools.sandbox.subprocess_backend import SubprocessExecutor
-
-        return SubprocessExecutor(timeout_s=config.timeout_s, max_output_bytes=config.max_output_bytes)
-    raise ValueError(f"unknown sandbox backend {config.backend!r}; choose 'subprocess'")
+__all__ = ["PythonSandbox", "SandboxConfig", "SandboxUnavailableError", "make_executor"]

@@ -38,7 +38,10 @@ def _rapo_run(source, namespace):
                 print(repr(value))
     except SystemExit as stop:
         code = stop.code
-        return code if isinstance(code, int) else (0 if code is None else 1)
+        if code is None or isinstance(code, int):
+            return code or 0
+        print(code, file=_rapo_sys.stderr)  # as the interpreter does for sys.exit("message")
+        return 1
     except BaseException as error:
         frames = [f for f in _rapo_traceback.extract_tb(error.__traceback__) if f.filename == "<code>"]
         lines = ["Traceback (most recent call last):\n"] if frames else []

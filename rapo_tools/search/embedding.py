@@ -19,6 +19,10 @@ from typing import Any
 
 import numpy as np
 
+DEFAULT_MODEL_NAME = "all-MiniLM-L6-v2"
+"""Name recorded for the embedded default model (instead of a machine-specific path)."""
+_DEFAULT_MODEL_ALIASES = frozenset({DEFAULT_MODEL_NAME, f"sentence-transformers/{DEFAULT_MODEL_NAME}"})
+
 
 def _best_device() -> str:
     import torch
@@ -26,12 +30,20 @@ def _best_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+def _loaded_model_name(model: Any) -> str:
+    """Where a loaded SentenceTransformer came from (its first module's transformer config knows)."""
+    try:
+        return str(model[0].auto_model.config.name_or_path)
+    except (AttributeError, IndexError, KeyError, TypeError):
+        return type(model).__name__
+
+
 class Embedder:
     """Encodes texts into float32 vectors, L2-normalised by default (cosine = inner product).
 
     Args:
         model: A sentence-transformers model name or path, a loaded ``SentenceTransformer``,
-            or None for the embedded all-MiniLM-L6-v2.
+            or None for the embedded all-MiniLM-L6-v2 (its hub names load the embedded copy, offline).
         device: ``"cpu"``, ``"cuda"``, ...; None picks CUDA when available.
         batch_size: Texts per forward pass.
         normalize: L2-normalise the vectors (use with inner-product indexes).
@@ -48,16 +60,19 @@ class Embedder:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         from sentence_transformers import SentenceTransformer
 
-        if model is None:
-            from rapo_tools.models import default_embedding_model
+        from rapo_tools.models import default_embedding_model
 
-            model = default_embedding_model()
+        default_path = default_embedding_model()
+        if model is None or model in _DEFAULT_MODEL_ALIASES:
+            model = default_path
         if isinstance(model, SentenceTransformer):
             self.model = model
-            self.model_name = str(getattr(model, "name_or_path", None) or type(model).__name__)
+            name = _loaded_model_name(model)
         else:
             self.model = SentenceTransformer(str(model), device=device or _best_device())
-            self.model_name = str(model)
+            name = str(model)
+        # Index sidecars record this name; a path into this machine's venv would not travel.
+        self.model_name = DEFAULT_MODEL_NAME if name == default_path else name
         self.batch_size = batch_size
         self.normalize = normalize
         # One model object is not safe to run from several threads at once (tokenizer state, CUDA streams).

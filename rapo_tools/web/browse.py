@@ -10,6 +10,7 @@ Example:
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from typing import Any
 
@@ -68,7 +69,9 @@ class BrowseTool(Tool):
 
     async def read(self, url: str) -> PageText:
         """Fetch and extract ``url`` (typed errors on failure)."""
-        return extract_page(await self._fetcher.fetch(url), max_links=self.config.max_links)
+        fetched = await self._fetcher.fetch(url)
+        # Parsing a large page is CPU work; keep the portal loop free for other episodes' calls.
+        return await asyncio.to_thread(extract_page, fetched, self.config.max_links)
 
     async def _execute(self, argument: str) -> ToolResult:
         url = argument.strip().strip("<>\"'")

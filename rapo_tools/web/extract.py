@@ -20,6 +20,7 @@ import charset_normalizer
 import lxml.html
 import trafilatura
 from lxml import etree
+from trafilatura.settings import use_config
 
 from rapo_tools.web.fetch import FetchedPage, FetchError
 
@@ -28,6 +29,20 @@ _TEXT_TYPES = frozenset(
     {"application/json", "application/xml", "application/javascript", "application/ld+json", "application/rss+xml",
      "application/atom+xml", "application/x-yaml"}
 )
+
+
+
+def _trafilatura_config():
+    config = use_config()
+    # Short pages (encyclopedia stubs, the offline site) are main text too; the defaults drop anything under 250 chars.
+    config.set("DEFAULT", "MIN_EXTRACTED_SIZE", "20")
+    config.set("DEFAULT", "MIN_OUTPUT_SIZE", "1")
+    # trafilatura's timeout uses SIGALRM, which only works on the main thread; tools run elsewhere.
+    config.set("DEFAULT", "EXTRACTION_TIMEOUT", "0")
+    return config
+
+
+_CONFIG = _trafilatura_config()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,7 +117,9 @@ def extract_page(page: FetchedPage, max_links: int = 50) -> PageText:
     is_html = content_type in _HTML_TYPES or (not content_type and text.lstrip()[:200].lower().startswith(("<!doctype html", "<html")))
     if not is_html:
         return PageText(url=page.url, title="", text=text.strip(), links=(), truncated=page.truncated)
-    main_text = trafilatura.extract(text, url=page.url, include_tables=True, include_comments=False, favor_recall=True)
+    main_text = trafilatura.extract(
+        text, url=page.url, include_tables=True, include_comments=False, favor_recall=True, config=_CONFIG
+    )
     if not main_text:
         # Pages with too little "article" structure for trafilatura: fall back to its whole-page text.
         main_text = trafilatura.html2txt(text)

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
+import sqlite3
 from typing import Any
 
 from rapo_tools.aio import run_sync
@@ -25,6 +27,8 @@ from rapo_tools.web.cache import SearchCache
 from rapo_tools.web.providers.base import SearchProvider
 from rapo_tools.web.rate_limit import RateLimiter
 from rapo_tools.web.results import ResultStyle, render_results
+
+logger = logging.getLogger(__name__)
 
 PROVIDER_NAMES = ("bing", "brave", "replay", "local")
 
@@ -103,6 +107,15 @@ def make_provider(config: WebSearchConfig) -> SearchProvider:
     )
 
 
+def _open_cache(path: str) -> SearchCache | None:
+    # A corrupt or unwritable cache file costs the cache, never the run.
+    try:
+        return SearchCache(path)
+    except (sqlite3.Error, OSError) as error:
+        logger.warning("search cache %s cannot be opened (%s); searching without a disk cache", path, error)
+        return None
+
+
 class WebSearchTool(Tool):
     """``<search> query </search>`` over a web search provider.
 
@@ -116,7 +129,7 @@ class WebSearchTool(Tool):
     def __init__(self, config: WebSearchConfig | dict[str, Any] | str | None = None, provider: SearchProvider | None = None):
         self.config = WebSearchConfig.from_value(config)
         self.provider = provider if provider is not None else make_provider(self.config)
-        self._cache = SearchCache(self.config.cache_path) if self.config.cache_path else None
+        self._cache = _open_cache(self.config.cache_path) if self.config.cache_path else None
         self._limiter = RateLimiter(self.config.rate_per_s, self.config.burst)
 
     async def search(self, query: str) -> list:

@@ -1,0 +1,378 @@
+"""`RAPOTrainer`: the training loop of RAPO (and of GRPO, which is the same loop with retrieval off).
+
+One step:
+
+1. sample ``train_batch_size`` questions (seeded epochs, resumable);
+2. play ``rollout_n`` rollouts of each through the rollout engine; the env is wrapped in
+   `StepTraceRetrievalWrapper`, so rollouts ``>= no_retrieve_first_k`` of every group are hybrid;
+3. rewards, ``Z_ret``, ``F_ret`` and advantages (`rapo_agents.batch`, spec §5-6);
+4. PPO-style mini-batch updates with gradient accumulation, grad-norm clipping and AdamW
+   (bf16 autocast and gradient checkpointing on GPU) (`rapo_agents.update`, spec §7);
+5. weight sync to the rollout policy (free when it shares the trainer's module);
+6. metrics (JSONL, TensorBoard, ...) and checkpoints; Ctrl-C / SIGTERM saves and stops cleanly.
+
+Example:
+    >>> from rapo_agents.config import load_config
+    >>> trainer = RAPOTrainer(load_config(None, ["total_steps=2", "output_dir=/tmp/rapo-example"]))  # doctest: +SKIP
+    >>> result = trainer.train()                                                                    # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+from rapo_agents.batch import RETRIEVAL_TOKENS_KEY, collate, retrieval_terms
+from rapo_agents.checkpoint import CheckpointManager, GracefulInterrupt, rng_state, set_rng_state
+from rapo_agents.config import TrainConfig
+from rapo_agents.metrics import MetricsLogger, plot_curves, read_metrics
+from rapo_agents.sampler import QuestionSampler
+from rapo_agents.update import UpdateSettings, ppo_update, recompute_logprobs
+from rapo_env.trajectory import Trajectory, write_jsonl
+
+
+@dataclasses.dataclass
+class TrainResult:
+    """What `RAPOTrainer.train` returns."""
+
+    steps: int
+    """The global step reached."""
+    history: list[dict[str, Any]]
+    """Per-step metrics of the whole run (resumed steps included)."""
+    output_dir: Path
+    """The run folder."""
+    checkpoint: Path | None
+    """The last checkpoint written."""
+    plot: Path | None
+    """``curves.png``, when plotted."""
+    interrupted: bool
+    """True when a signal stopped the run early."""
+
+
+def _flag(setting: str, on_gpu: bool) -> bool:
+    """Resolve an ``auto``/``true``/``false`` setting."""
+    value = str(setting).lower()
+    if value not in ("auto", "true", "false"):
+        raise ValueError(f"expected auto, true or false, got {setting!r}")
+    return on_gpu if value == "auto" else value == "true"
+
+
+def load_model_and_tokenizer(config: TrainConfig, device: torch.device):
+    """The trainable causal LM and its tokenizer (``embedded`` = SmolLM2-135M-Instruct)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rapo_agents.policies.hf import default_policy_path
+
+    model_config = config.model
+    path = default_policy_path() if model_config.path == "embedded" else model_config.path
+    extra = {"gguf_file": model_config.gguf_file} if model_config.gguf_file else {}
+    if model_config.dtype == "auto":
+        dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    else:
+        dtype = getattr(torch, model_config.dtype)
+    tokenizer = AutoTokenizer.from_pretrained(path, **extra)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **extra)
+    return model.to(device), tokenizer
+
+
+class RAPOTrainer:
+    """Trains a policy with RAPO as ``config`` says.
+
+    Args:
+        config: the run's settings.
+        model, tokenizer: a model to train instead of loading ``config.model`` (tests, notebooks).
+        env_factory: builds the (unwrapped) env; default ``gym.make(config.data.env_id, ...)``.
+        retriever: the step-trace retriever; default resolves ``config.retrieval.retriever``.
+    """
+
+    def __init__(
+        self,
+        config: TrainConfig,
+        model: torch.nn.Module | None = None,
+        tokenizer: Any = None,
+        env_factory: Callable[[], gym.Env] | None = None,
+        retriever: Any = None,
+    ):
+        from rapo_agents.policies.hf import resolve_device
+
+        self.config = config
+        self.device = resolve_device(config.device)
+        on_gpu = self.device.type == "cuda"
+        torch.manual_seed(config.seed)
+        if model is None:
+            model, tokenizer = load_model_and_tokenizer(config, self.device)
+        elif tokenizer is None:
+            raise ValueError("pass the tokenizer together with the model")
+        self.model = model.to(self.device)
+        self.tokenizer = tokenizer
+        if _flag(config.model.gradient_checkpointing, on_gpu):
+            self.model.gradient_checkpointing_enable()
+        self.autocast_dtype = torch.bfloat16 if _flag(config.model.bf16_autocast, on_gpu) else None
+        self.reference_model = None
+        if config.algorithm.kl_coef > 0:
+            self.reference_model = copy.deepcopy(self.model).eval().requires_grad_(False)
+        optim = config.optim
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(), lr=optim.lr, betas=optim.betas, weight_decay=optim.weight_decay
+        )
+        self.policy = self._make_policy()
+        self._env_factory = env_factory or self._default_env_factory
+        self.retriever = None
+        if config.retrieval.enabled:
+            self.retriever = retriever if retriever is not None else self._default_retriever()
+        self.num_tasks = self._count_tasks()
+        self.sampler = QuestionSampler(self.num_tasks, optim.train_batch_size, config.seed, config.data.shuffle)
+        self.step = 0
+        self.output_dir = Path(config.logging.output_dir)
+        self.checkpoints = CheckpointManager(self.output_dir / "checkpoints", config.logging.keep_last)
+        self.update_settings = UpdateSettings(
+            mini_batch_rows=optim.ppo_mini_batch_size * config.rollout.rollout_n,
+            micro_batch_size=optim.micro_batch_size,
+            ppo_epochs=optim.ppo_epochs,
+            grad_clip=optim.grad_clip,
+            autocast_dtype=self.autocast_dtype,
+        )
+
+    # ---- construction ------------------------------------------------------------------------
+
+    def _make_policy(self):
+        if self.config.rollout.backend == "vllm":
+            from rapo_agents.policies.vllm import VLLMPolicy
+
+            path = self.config.model.path
+            return VLLMPolicy.from_pretrained(path, gpu_memory_utilization=self.config.rollout.gpu_memory_utilization)
+        from rapo_agents.policies.hf import HFPolicy
+
+        return HFPolicy(self.model, self.tokenizer)
+
+    def _default_env_factory(self) -> gym.Env:
+        import rapo_env  # noqa: F401  (registers the envs)
+
+        data = self.config.data
+        kwargs: dict[str, Any] = {"max_tool_calls": self.config.rollout.max_tool_calls}
+        if data.source == "procedural_math":
+            kwargs.update(dataset="procedural", num_tasks=data.num_tasks, difficulty=data.difficulty)
+        else:
+            kwargs.update(dataset=data.source, limit=data.max_tasks)
+        kwargs.update(data.env_kwargs)
+        return gym.make(data.env_id, **kwargs)
+
+    def _default_retriever(self):
+        spec = self.config.retrieval.retriever
+        if spec == "default" and self.config.data.source == "procedural_math":
+            # The expert solves the very questions the policy trains on, as the paper's buffer does.
+            from rapo_buffers.defaults import DefaultBufferConfig, default_retriever
+
+            buffer = DefaultBufferConfig(num_tasks=self.config.data.num_tasks, difficulty=self.config.data.difficulty,
+                                         max_tool_calls=self.config.rollout.max_tool_calls, index_kind="flat")
+            return default_retriever(buffer, show_progress=self.config.logging.progress)
+        if spec.endswith(".jsonl"):
+            from rapo_buffers.retriever import InProcessRetriever
+
+            return InProcessRetriever.from_files(spec)
+        from rapo_buffers.defaults import resolve_retriever
+
+        return resolve_retriever(spec)
+
+    def make_env(self) -> gym.Env:
+        """One training env: the base env, wrapped for hybrid rollouts when retrieval is on."""
+        env = self._env_factory()
+        if self.retriever is None:
+            return env
+        from rapo_env.wrappers.retrieval import StepTraceRetrievalWrapper
+
+        retrieval = self.config.retrieval
+        return StepTraceRetrievalWrapper(
+            env,
+            self.retriever,
+            retrieve_prob=retrieval.retrieve_prob,
+            topk=retrieval.topk,
+            select=self.config.select_rule,
+            no_retrieve_first_k=retrieval.no_retrieve_first_k,
+            group_size=self.config.rollout.rollout_n,
+            hybrid_rule=self.config.algorithm.hybrid_rule,
+            seed=self.config.seed,
+        )
+
+    def _count_tasks(self) -> int:
+        env = self._env_factory()
+        try:
+            return len(env.unwrapped.tasks)
+        finally:
+            env.close()
+
+    # ---- one step ------------------------------------------------------------------------------
+
+    def rollout(self, task_indices: Sequence[int]) -> list[Trajectory]:
+        """``rollout_n`` rollouts of each task, group by group, seeded by the step (so a resume replays them)."""
+        from rapo_agents.rollout import RolloutEngine
+
+        raise NotImplementedError(RolloutEngine)
+
+    def train_step(self) -> dict[str, float]:
+        """One full step (rollout, advantages, update, sync); returns its metrics."""
+        config = self.config
+        started = time.perf_counter()
+        task_indices = self.sampler.next_batch()
+        trajectories = self.rollout(task_indices)
+        rollout_seconds = time.perf_counter() - started
+
+        group_of_task = {task: group for group, task in enumerate(task_indices)}
+        group_index = [group_of_task[int(t.extra.get("task_index", -1))] for t in trajectories]
+        terms = retrieval_terms(trajectories, config.algorithm.entropy_estimator)
+        batch = collate(trajectories, group_index, self._pad_token_id(), config.algorithm, terms)
+        if self._recompute_old_logprobs():
+            batch.old_logprobs = recompute_logprobs(self.model, batch, self.update_settings)
+        update_stats = ppo_update(self.model, self.optimizer, batch, config.algorithm, self.update_settings,
+                                  self.reference_model)
+
+        sync_started = time.perf_counter()
+        self.policy.sync_weights(self.model)
+        sync_seconds = time.perf_counter() - sync_started
+
+        self.step += 1
+        if config.logging.save_trajectories:
+            write_jsonl(self.output_dir / "trajectories.jsonl", trajectories, append=True)
+        metrics = rollout_metrics(trajectories, terms)
+        metrics.update(update_stats)
+        metrics.update({
+            "advantage/mean": float(batch.advantages.mean()),
+            "advantage/abs_mean": float(batch.advantages.abs().mean()),
+            "time/rollout_s": rollout_seconds,
+            "time/sync_s": sync_seconds,
+            "time/step_s": time.perf_counter() - started,
+            "throughput/rollout_tokens_per_s": float(batch.lengths.sum() - batch.prompt_lengths.sum())
+            / max(rollout_seconds, 1e-9),
+            "data/epoch": float(self.sampler.epoch),
+        })
+        return metrics
+
+    def _pad_token_id(self) -> int:
+        pad = self.tokenizer.pad_token_id
+        return int(pad if pad is not None else self.tokenizer.eos_token_id)
+
+    def _recompute_old_logprobs(self) -> bool:
+        # The HF sampler shares this float32 module, so its log-probs already are the trainer's;
+        # vLLM (or bf16) samples under other kernels, and verl recomputes for the same reason.
+        return self.config.optim.recompute_old_logprobs
+
+    # ---- state -----------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything an exact resume needs."""
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "rng": rng_state(),
+            "sampler": self.sampler.state_dict(),
+            "trainer": {"step": self.step, "epoch": self.sampler.epoch, "config": self.config.to_dict()},
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from a `state_dict` (weights, optimizer moments, RNG, data position, step)."""
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        set_rng_state(state["rng"])
+        self.sampler.load_state_dict(state["sampler"])
+        self.step = int(state["trainer"]["step"])
+        self.policy.sync_weights(self.model)
+
+    def save_checkpoint(self) -> Path:
+        """Write a checkpoint of the current step."""
+        return self.checkpoints.save(self.step, self.state_dict())
+
+    def maybe_resume(self) -> bool:
+        """Load the latest checkpoint of the run folder, if resuming is on and there is one."""
+        if not self.config.logging.resume:
+            return False
+        state = self.checkpoints.load_latest()
+        if state is None:
+            return False
+        self.load_state_dict(state)
+        return True
+
+    # ---- the loop ---------------------------------------------------------------------------------
+
+    @property
+    def total_steps(self) -> int:
+        """Steps of the run: ``total_steps``, capped by ``total_epochs`` passes over the questions."""
+        optim = self.config.optim
+        return min(optim.total_steps, optim.total_epochs * self.sampler.batches_per_epoch)
+
+    def train(self) -> TrainResult:
+        """Run (or resume) the loop to ``total_steps``; always leaves a checkpoint and the metrics behind."""
+        from tqdm import tqdm
+
+        config = self.config
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        config.to_yaml(self.output_dir / "config.yaml")
+        self.maybe_resume()
+        logging_config = config.logging
+        interrupted = False
+        checkpoint = None
+        with MetricsLogger(
+            self.output_dir, tensorboard=logging_config.tensorboard, wandb=logging_config.wandb,
+            swanlab=logging_config.swanlab, project=logging_config.project, run_name=self.output_dir.name,
+            config=config.to_dict(),
+        ) as logger, GracefulInterrupt() as interrupt:
+            for note in logger.notes:
+                print(note)
+            progress = tqdm(total=self.total_steps, initial=self.step, desc="train", unit="step",
+                            disable=not logging_config.progress)
+            while self.step < self.total_steps and not interrupt.requested:
+                metrics = self.train_step()
+                logger.log(self.step, metrics)
+                progress.update(1)
+                progress.set_postfix(reward=f"{metrics['reward/mean']:.3f}", acc=f"{metrics['accuracy']:.2f}")
+                if logging_config.save_every and self.step % logging_config.save_every == 0:
+                    checkpoint = self.save_checkpoint()
+            progress.close()
+            interrupted = interrupt.requested
+            if interrupted:
+                print(f"{interrupt.signal_name}: saving a checkpoint at step {self.step} and stopping")
+            if checkpoint is None or not checkpoint.name.endswith(f"{self.step:06d}"):
+                checkpoint = self.save_checkpoint()
+        history = read_metrics(self.output_dir / "metrics.jsonl")
+        plot = None
+        if logging_config.plot and history:
+            label = "GRPO" if self.retriever is None else "RAPO"
+            plot = plot_curves({label: history}, self.output_dir / "curves.png", title=str(self.output_dir))
+        return TrainResult(steps=self.step, history=history, output_dir=self.output_dir, checkpoint=checkpoint,
+                           plot=plot, interrupted=interrupted)
+
+
+def rollout_metrics(trajectories: Sequence[Trajectory], terms) -> dict[str, float]:
+    """Outcome and behaviour statistics of one step's rollouts."""
+    rewards = np.array([t.reward for t in trajectories], dtype=np.float64)
+    accuracy = np.array([float(t.metrics.get("accuracy", t.metrics.get("em", 0.0))) for t in trajectories])
+    format_ok = np.array([float(t.metrics.get("format_ok", 0.0)) for t in trajectories])
+    tool_calls = np.array([t.num_tool_calls for t in trajectories], dtype=np.float64)
+    response_tokens = np.array([
+        len(t.token_ids) - (t.prompt_length or 0) if t.token_ids is not None else 0 for t in trajectories
+    ], dtype=np.float64)
+    retrievals = terms.retrievals.double().numpy()
+    hybrid = np.array([bool(t.extra.get("hybrid", False)) for t in trajectories])
+    z_ret = terms.z_ret.double().numpy()
+    with_retrieval = retrievals > 0
+    return {
+        "reward/mean": float(rewards.mean()),
+        "reward/std": float(rewards.std()),
+        "accuracy": float(accuracy.mean()),
+        "format_rate": float(format_ok.mean()),
+        "tool_calls/mean": float(tool_calls.mean()),
+        "response_tokens/mean": float(response_tokens.mean()),
+        "retrieval/count_mean": float(retrievals.mean()),
+        "retrieval/hybrid_fraction": float(hybrid.mean()),
+        "retrieval/rollouts_with_retrieval": float(with_retrieval.mean()),
+        "retrieval/z_ret_mean": float(z_ret[with_retrieval].mean()) if with_retrieval.any() else 0.0,
+        "retrieval/f_ret_mean": float(terms.f_ret.double().numpy()[with_retrieval].mean()) if with_retrieval.any() else 0.0,
+        "retrieval/tokens_mean": float(np.mean([t.extra.get(RETRIEVAL_TOKENS_KEY, 0) for t in trajectories])),
+    }

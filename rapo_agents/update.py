@@ -1,0 +1,182 @@
+"""The PPO-style update of one batch: micro-batched forward/backward, token-mean loss, AdamW step.
+
+`sequence_logprobs` recomputes the log-probs of a batch's tokens with the model being trained;
+`ppo_update` runs ``ppo_epochs`` passes of mini-batches (``ppo_mini_batch_size`` questions each),
+accumulating gradients over micro-batches so that each optimiser step minimises the token mean of
+RAPO's loss (spec §7) over its whole mini-batch.
+
+Example:
+    >>> import torch
+    >>> from transformers import LlamaConfig, LlamaForCausalLM
+    >>> model = LlamaForCausalLM(LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32,
+    ...     num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2))
+    >>> ids = torch.tensor([[1, 2, 3, 4]])
+    >>> sequence_logprobs(model, ids, torch.ones_like(ids), first_position=2).logprobs.shape
+    torch.Size([1, 4])
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+
+import torch
+import torch.nn.functional as F
+
+from rapo_agents.batch import TrainBatch
+from rapo_agents.rapo import RAPOConfig, rapo_policy_loss, token_entropy_from_logits
+
+
+@dataclasses.dataclass
+class SequenceLogprobs:
+    """What `sequence_logprobs` returns, aligned with the input tokens."""
+
+    logprobs: torch.Tensor
+    """``[B, T]``: ``log p(x_t | x_<t)`` for ``t >= first_position``, 0 before."""
+    entropies: torch.Tensor | None
+    """``[B, T]`` full-vocabulary entropy of the distribution that produced ``x_t`` (when asked)."""
+
+
+def sequence_logprobs(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    first_position: int = 1,
+    with_entropy: bool = False,
+) -> SequenceLogprobs:
+    """Log-probs (and optionally entropies) of every token from ``first_position`` on, in one forward pass.
+
+    Only the logits of positions ``first_position - 1 ...`` are materialised (``logits_to_keep``):
+    prompt tokens carry no loss, and the vocabulary projection is the largest activation.
+    """
+    length = input_ids.shape[1]
+    first_position = max(1, min(first_position, length - 1)) if length > 1 else 1
+    keep = length - first_position + 1
+    output = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, logits_to_keep=keep)
+    logits = output.logits[:, :-1].float()  # position t - 1 predicts token t
+    targets = input_ids[:, first_position:]
+    token_logprobs = -F.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="none"
+    ).view_as(targets)
+    logprobs = F.pad(token_logprobs, (first_position, 0))
+    entropies = F.pad(token_entropy_from_logits(logits), (first_position, 0)) if with_entropy else None
+    return SequenceLogprobs(logprobs=logprobs, entropies=entropies)
+
+
+def micro_batches(batch: TrainBatch, rows: torch.Tensor, micro_batch_size: int) -> Iterator[TrainBatch]:
+    """Split ``rows`` into micro-batches of similar lengths (less padding), each trimmed to its longest row."""
+    order = rows[torch.argsort(batch.lengths[rows], descending=True)]
+    for start in range(0, len(order), micro_batch_size):
+        yield batch.select(order[start : start + micro_batch_size])
+
+
+@dataclasses.dataclass
+class UpdateSettings:
+    """The schedule of one `ppo_update`."""
+
+    mini_batch_rows: int
+    """Sequences per optimiser step (``ppo_mini_batch_size * rollout_n``)."""
+    micro_batch_size: int
+    """Sequences per forward/backward."""
+    ppo_epochs: int = 1
+    """Passes over the batch."""
+    grad_clip: float = 1.0
+    """Global gradient-norm clip."""
+    autocast_dtype: torch.dtype | None = None
+    """Forward under autocast to this dtype (bfloat16 on GPU), or None."""
+
+
+def autocast_context(device: torch.device, dtype: torch.dtype | None):
+    """``torch.autocast`` for ``dtype`` on ``device``, or a no-op."""
+    return torch.autocast(device.type, dtype=dtype) if dtype is not None else contextlib.nullcontext()
+
+
+@torch.no_grad()
+def recompute_logprobs(model: torch.nn.Module, batch: TrainBatch, settings: UpdateSettings) -> torch.Tensor:
+    """``logp_old`` recomputed by the trainer's forward pass (as verl does), aligned with the batch."""
+    device = next(model.parameters()).device
+    result = torch.zeros_like(batch.old_logprobs)
+    rows = torch.arange(batch.input_ids.shape[0])
+    was_training = model.training
+    model.eval()
+    try:
+        order = rows[torch.argsort(batch.lengths, descending=True)]
+        for start in range(0, len(order), settings.micro_batch_size):
+            chosen = order[start : start + settings.micro_batch_size]
+            micro = batch.select(chosen).to(device)
+            with autocast_context(device, settings.autocast_dtype):
+                out = sequence_logprobs(model, micro.input_ids, micro.attention_mask,
+                                        int(micro.prompt_lengths.min().item()))
+            width = micro.input_ids.shape[1]
+            result[chosen, :width] = (out.logprobs.float() * micro.loss_mask).cpu()
+    finally:
+        model.train(was_training)
+    return result
+
+
+def ppo_update(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    batch: TrainBatch,
+    config: RAPOConfig,
+    settings: UpdateSettings,
+    reference_model: torch.nn.Module | None = None,
+) -> dict[str, float]:
+    """Run the PPO-style epochs over ``batch`` and return the averaged statistics.
+
+    Each mini-batch is one optimiser step; its loss is RAPO's token mean over all of its policy
+    tokens, whatever the micro-batch split. A step whose gradient norm is not finite is skipped
+    (and counted) instead of corrupting the weights.
+    """
+    device = next(model.parameters()).device
+    model.train()
+    totals: dict[str, list[float]] = defaultdict(list)
+    rows_total = batch.input_ids.shape[0]
+    tokens = 0
+    started = time.perf_counter()
+    skipped = 0
+    for _ in range(settings.ppo_epochs):
+        for start in range(0, rows_total, settings.mini_batch_rows):
+            rows = torch.arange(start, min(start + settings.mini_batch_rows, rows_total))
+            normalizer = batch.loss_mask[rows].sum().clamp(min=1.0).to(device)
+            optimizer.zero_grad(set_to_none=True)
+            for micro in micro_batches(batch, rows, settings.micro_batch_size):
+                micro = micro.to(device)
+                first = int(micro.prompt_lengths.min().item())
+                with autocast_context(device, settings.autocast_dtype):
+                    current = sequence_logprobs(model, micro.input_ids, micro.attention_mask, first,
+                                                with_entropy=config.entropy_coef > 0)
+                    reference = None
+                    if reference_model is not None and config.kl_coef > 0:
+                        with torch.no_grad():
+                            reference = sequence_logprobs(reference_model, micro.input_ids,
+                                                          micro.attention_mask, first).logprobs
+                out = rapo_policy_loss(
+                    current.logprobs, micro.old_logprobs, micro.advantages, micro.loss_mask, micro.f_ret,
+                    config, ref_logp=reference, entropies=current.entropies, token_normalizer=normalizer,
+                )
+                out.loss.backward()
+                share = float(micro.loss_mask.sum().item()) / float(normalizer.item())
+                for name in ("policy_loss", "clip_fraction", "dual_clip_fraction", "approx_kl", "kl", "entropy"):
+                    value = getattr(out, name).item()
+                    # policy_loss is already divided by the mini-batch count; the others are micro means.
+                    totals[f"loss/{name}"].append(value if name == "policy_loss" else value * share)
+                tokens += int(micro.attention_mask.sum().item())
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), settings.grad_clip)
+            if torch.isfinite(grad_norm):
+                optimizer.step()
+            else:
+                skipped += 1
+            totals["optim/grad_norm"].append(float(grad_norm))
+    optimizer.zero_grad(set_to_none=True)
+    seconds = time.perf_counter() - started
+    steps = max(1, len(totals["optim/grad_norm"]))
+    stats = {key: sum(values) / (steps if key.startswith("loss/") else len(values)) for key, values in totals.items()}
+    stats["optim/steps"] = float(steps)
+    stats["optim/skipped_steps"] = float(skipped)
+    stats["throughput/update_tokens_per_s"] = tokens / max(seconds, 1e-9)
+    stats["time/update_s"] = seconds
+    return stats

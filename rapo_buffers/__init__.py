@@ -1,0 +1,25 @@
+"""The Step-Trace Buffer (spec §3): schema, builder, sources, index, in-process retriever, service and client.
+
+Typical use:
+
+    >>> from rapo_buffers import StepTrace, StaticRetriever, Candidate
+    >>> StepTrace(key="2+2?", value="<python>2+2</python> <result>\\n4\\n</result>", reward=1.0).final
+    False
+
+Build a buffer from rollouts with ``rapo buffer build``, index it with ``rapo buffer index`` and
+serve it with ``rapo buffer serve``; `rapo_buffers.defaults.default_retriever` gives the embedded
+default buffer in-process.
+"""
+
+from rapo_buffers.candidates import Candidate, Retriever, StaticRetriever
+from rapo_buffers.schema import BufferReadStats, StepTrace, read_buffer, write_buffer
+
+__all__ = [
+    "BufferReadStats",
+    "Candidate",
+    "Retriever",
+    "StaticRetriever",
+    "StepTrace",
+    "read_buffer",
+    "write_buffer",
+]

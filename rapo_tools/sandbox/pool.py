@@ -1,0 +1,275 @@
+"""A pool of warm workers shared process-wide, with fair (FIFO) queueing and automatic restarts.
+
+Backends provide a ``spawn(slot) -> Worker`` coroutine; `WorkerPool` starts the workers
+lazily on first use, hands them out one call at a time in arrival order, and replaces a
+worker that died (the code may kill it). `PooledExecutor` is the backend API
+(``run(code)`` / ``aclose()``) on top of a pool that every executor with the same config
+in this process shares, so many environments never start many pools.
+
+Example:
+    >>> import asyncio
+    >>> from rapo_tools.aio import run_sync
+    >>> class Echo(Worker):
+    ...     alive = True
+    ...     async def request(self, message, timeout_s):
+    ...         return {"echo": message["code"]}
+    ...     async def close(self):
+    ...         self.alive = False
+    >>> async def spawn(slot):
+    ...     return Echo()
+    >>> async def demo():
+    ...     pool = WorkerPool(spawn, size=2)
+    ...     replies = await asyncio.gather(*(pool.execute({"code": str(i)}, 1.0) for i in range(4)))
+    ...     await pool.close()
+    ...     return [reply["echo"] for reply in replies]
+    >>> run_sync(demo())
+    ['0', '1', '2', '3']
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import collections
+import os
+import struct
+from collections.abc import Awaitable, Callable, Hashable
+from typing import Any
+
+from rapo_tools.base import ServiceUnavailableError, ToolResult
+from rapo_tools.sandbox.config import SandboxConfig
+from rapo_tools.sandbox.repl import format_execution_output, timeout_message
+from rapo_tools.sandbox.worker import encode_frame
+
+REPLY_GRACE_S = 5.0
+"""Seconds past the call's timeout the host waits for a worker's reply before declaring it lost."""
+
+_HEADER = struct.Struct(">I")
+
+
+class SandboxUnavailableError(ServiceUnavailableError):
+    """Isolation (bubblewrap, a Docker engine) is not usable, or the workers cannot start."""
+
+
+class WorkerLostError(Exception):
+    """A worker died or stopped answering during a call (the pool replaces it)."""
+
+
+class Worker(abc.ABC):
+    """One warm worker: sends a request frame, returns the reply frame."""
+
+    alive: bool
+
+    @abc.abstractmethod
+    async def request(self, message: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+        """Send ``message`` and return the reply; raise `WorkerLostError` when the worker is gone."""
+
+    @abc.abstractmethod
+    async def close(self) -> None:
+        """Stop the worker and everything it runs."""
+
+
+async def read_frame(reader: asyncio.StreamReader) -> dict[str, Any]:
+    """Read one length-prefixed JSON frame (see `rapo_tools.sandbox.worker`)."""
+    import json
+
+    (length,) = _HEADER.unpack(await reader.readexactly(_HEADER.size))
+    return json.loads(await reader.readexactly(length))
+
+
+class _FairSlots:
+    """Slot numbers handed out strictly in arrival order (asyncio.Queue lets late callers barge in)."""
+
+    def __init__(self, size: int) -> None:
+        self._free = collections.deque(range(size))
+        self._waiters: collections.deque[asyncio.Future[int]] = collections.deque()
+
+    async def acquire(self) -> int:
+        if self._free and not self._waiters:
+            return self._free.popleft()
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        try:
+            return await waiter
+        except asyncio.CancelledError:
+            if waiter.done() and not waiter.cancelled():
+                self.release(waiter.result())  # handed a slot just as we were cancelled: pass it on
+            else:
+                self._waiters.remove(waiter)
+            raise
+
+    def release(self, slot: int) -> None:
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(slot)
+                return
+        self._free.append(slot)
+
+
+class WorkerPool:
+    """``size`` workers made by ``spawn(slot)``; each call gets a whole worker, FIFO."""
+
+    def __init__(self, spawn: Callable[[int], Awaitable[Worker]], size: int) -> None:
+        if size < 1:
+            raise ValueError(f"a worker pool needs at least one worker, not {size}")
+        self.size = size
+        self._spawn = spawn
+        self._slots = _FairSlots(size)
+        self._starting: list[asyncio.Task[Worker] | None] = [None] * size
+        self._closed = False
+
+    def _start(self, slot: int) -> None:
+        self._starting[slot] = asyncio.ensure_future(self._spawn(slot))
+
+    def start(self) -> None:
+        """Start every worker that is not running, in the background (called on first use)."""
+        for slot, task in enumerate(self._starting):
+            if task is None:
+                self._start(slot)
+
+    async def _worker(self, slot: int) -> Worker:
+        task = self._starting[slot]
+        if task is None or (task.done() and (task.cancelled() or task.exception() or not task.result().alive)):
+            self._start(slot)
+            task = self._starting[slot]
+        assert task is not None  # set just above
+        try:
+            return await asyncio.shield(task)
+        except Exception as error:
+            self._starting[slot] = None  # the next call tries again
+            if isinstance(error, SandboxUnavailableError):
+                raise
+            raise SandboxUnavailableError(f"a sandbox worker could not start: {error}") from error
+
+    async def execute(self, message: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+        """Run one request on the next free worker (waiting in line when all are busy)."""
+        if self._closed:
+            raise SandboxUnavailableError("the sandbox pool is closed")
+        self.start()
+        slot = await self._slots.acquire()
+        try:
+            worker = await self._worker(slot)
+            try:
+                return await worker.request(message, timeout_s)
+            except BaseException:
+                if not worker.alive and not self._closed:
+                    self._start(slot)  # warm a replacement now, not on the next call
+                raise
+        finally:
+            self._slots.release(slot)
+
+    async def close(self) -> None:
+        """Stop every worker; calls made afterwards fail with `SandboxUnavailableError`."""
+        self._closed = True
+        tasks = [task for task in self._starting if task is not None]
+        self._starting = [None] * self.size
+        for task in tasks:
+            if not task.done():
+                task.cancel()
+        for outcome in await asyncio.gather(*tasks, return_exceptions=True):
+            if isinstance(outcome, Worker):
+                await outcome.close()
+
+
+_shared_pools: dict[Hashable, list[Any]] = {}
+
+
+def _forget_pools_after_fork() -> None:
+    # A forked child must not talk to its parent's workers; it starts its own pools.
+    _shared_pools.clear()
+
+
+os.register_at_fork(after_in_child=_forget_pools_after_fork)
+
+
+def reply_to_result(reply: dict[str, Any], timeout_s: float) -> ToolResult:
+    """Turn a worker's reply into the `ToolResult` the model sees."""
+    if reply["timed_out"]:
+        return ToolResult(text=timeout_message(timeout_s), ok=False, timed_out=True,
+                          truncated=reply["truncated"], error="timeout")
+    text, ok = format_execution_output(reply["stdout"], reply["stderr"], reply["exit_code"])
+    return ToolResult(text=text, ok=ok, truncated=reply["truncated"], error=None if ok else "execution_error")
+
+
+class PooledExecutor:
+    """Backend API over a process-wide pool shared by every executor with the same ``key``.
+
+    Args:
+        config: The sandbox settings (timeout, output cap, pool size).
+        spawn: Starts one worker for a slot; called on the portal loop.
+    """
+
+    def __init__(self, config: SandboxConfig, spawn: Callable[[int], Awaitable[Worker]]) -> None:
+        self.config = config
+        self._spawn = spawn
+        self._key = (type(self).__name__, config)
+        self._pool: WorkerPool | None = None
+
+    def _acquire_pool(self) -> WorkerPool:
+        entry = _shared_pools.get(self._key)
+        if entry is None:
+            entry = _shared_pools[self._key] = [WorkerPool(self._spawn, self.config.workers), 0]
+        entry[1] += 1
+        return entry[0]
+
+    async def run(self, code: str) -> ToolResult:
+        """Execute ``code`` with REPL semantics in a fresh fork of a warm worker."""
+        if self._pool is None:
+            self._pool = self._acquire_pool()
+        message = {"code": code, "timeout_s": self.config.timeout_s, "max_output_bytes": self.config.max_output_bytes}
+        try:
+            reply = await self._pool.execute(message, self.config.timeout_s + REPLY_GRACE_S)
+        except WorkerLostError as error:
+            return ToolResult(
+                text=f"The sandbox worker died during the call ({error}); the call was abandoned. "
+                "A fresh worker is starting.",
+                ok=False,
+                error="sandbox_worker_lost",
+            )
+        return reply_to_result(reply, self.config.timeout_s)
+
+    async def aclose(self) -> None:
+        """Let go of the shared pool; the last executor to let go stops its workers."""
+        pool, self._pool = self._pool, None
+        if pool is None:
+            return
+        entry = _shared_pools.get(self._key)
+        if entry is None or entry[0] is not pool:
+            return  # the pool belongs to a parent process (we were forked) or is already gone
+        entry[1] -= 1
+        if entry[1] <= 0:
+            del _shared_pools[self._key]
+            await pool.close()
+
+
+class StreamWorker(Worker):
+    """A worker reached through an asyncio stream pair (a local process's stdin/stdout)."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: Any, stop: Callable[[], Awaitable[None]],
+                 describe_death: Callable[[], str]) -> None:
+        self.alive = True
+        self._reader = reader
+        self._writer = writer
+        self._stop = stop
+        self._describe_death = describe_death
+
+    async def request(self, message: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+        if not self.alive:
+            raise WorkerLostError("the worker had already stopped")
+        try:
+            self._writer.write(encode_frame(message))
+            await self._writer.drain()
+            return await asyncio.wait_for(read_frame(self._reader), timeout_s)
+        except BaseException as error:
+            # A half-finished exchange would desynchronise the protocol: this worker is done for.
+            await self.close()
+            if isinstance(error, (asyncio.TimeoutError, asyncio.IncompleteReadError, ConnectionError, OSError)):
+                reason = "it stopped answering" if isinstance(error, asyncio.TimeoutError) else "it exited"
+                raise WorkerLostError(f"{reason}{self._describe_death()}") from error
+            raise
+
+    async def close(self) -> None:
+        if self.alive:
+            self.alive = False
+            await self._stop()

@@ -1,0 +1,264 @@
+"""Hostile code through the public API: every attack is contained and the next ordinary call works.
+
+Each attack is bounded (a few thousand forks at most, a few GiB of memory at most, ...), so a
+containment failure cannot take the machine down. All of them run on a one-worker sandbox so
+that the follow-up call lands on the same worker the attack ran in.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import uuid
+
+import pytest
+
+from rapo_tools.sandbox import PythonSandbox, SandboxConfig
+
+pytestmark = pytest.mark.skipif(not os.path.isdir("/proc"), reason="the local sandbox needs Linux")
+
+
+@pytest.fixture(scope="module")
+def target(single_worker_sandbox):
+    """The sandbox under attack: one worker, small limits."""
+    return single_worker_sandbox
+
+
+def _sandbox_uid_processes(config: SandboxConfig) -> list[int]:
+    """Host pids running as a sandbox uid (the warm workers and anything the code left behind)."""
+    pids = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/status") as handle:
+                uid = next(int(line.split()[1]) for line in handle if line.startswith("Uid:"))
+        except (OSError, StopIteration):
+            continue
+        if uid >= config.sandbox_uid_base:
+            pids.append(int(name))
+    return pids
+
+
+def assert_still_healthy(sandbox: PythonSandbox) -> None:
+    """The next ordinary call works, sees a clean scratch and no leftover processes."""
+    result = sandbox.run_sync(
+        "import os\nothers = [p for p in os.listdir('/proc') if p.isdigit() and int(p) not in (1, os.getpid(), os.getppid())]\n"
+        "print(sum(range(10)), os.listdir('/tmp'), others)"
+    )
+    assert result.ok, result.text
+    assert result.text == "45 [] []\n"
+    if os.geteuid() == 0:
+        # On the host, only the warm worker itself runs as a sandbox uid.
+        assert len(_sandbox_uid_processes(sandbox.config)) <= sandbox.config.workers
+
+
+def test_fork_bomb_is_capped_by_the_process_limit(target):
+    code = (
+        "import os, time\nstarted = 0\n"
+        "for _ in range(3000):\n"
+        "    try:\n"
+        "        if os.fork() == 0:\n"
+        "            time.sleep(30)\n"
+        "            os._exit(0)\n"
+        "        started += 1\n"
+        "    except OSError:\n"
+        "        break\n"
+        "print(started)"
+    )
+    result = target.run_sync(code)
+    assert result.ok, result.text
+    assert int(result.text) < target.config.max_processes  # the limit held far below 3000
+    assert_still_healthy(target)
+
+
+def test_memory_bomb_hits_the_address_space_limit(target):
+    code = "blocks = []\nfor _ in range(48):\n    blocks.append(bytearray(64 << 20))\nprint(len(blocks))"  # 3 GiB at most
+    result = target.run_sync(code)
+    assert not result.ok and "MemoryError" in result.text
+    assert_still_healthy(target)
+
+
+def test_infinite_loop_is_stopped(target):
+    result = target.run_sync("while True:\n    pass")
+    assert not result.ok
+    assert result.timed_out or "CPU" in result.text
+    assert_still_healthy(target)
+
+
+def test_sleep_past_the_timeout_times_out(target):
+    result = target.run_sync("import time\ntime.sleep(30)")
+    assert not result.ok and result.timed_out and "timed out" in result.text
+    assert_still_healthy(target)
+
+
+def test_hundred_megabytes_of_output_are_cut(target):
+    result = target.run_sync("import sys\nfor _ in range(100):\n    sys.stdout.write('x' * 1_000_000)")
+    assert result.ok and result.truncated
+    assert len(result.text) <= target.config.max_output_bytes
+    assert_still_healthy(target)
+
+
+def test_background_process_cannot_outlive_the_call(target):
+    code = (
+        "import os, subprocess, time\n"
+        "subprocess.Popen(['sleep', '30'], start_new_session=True)\n"
+        "if os.fork() == 0:\n"
+        "    os.setsid()\n"
+        "    if os.fork() == 0:\n"
+        "        time.sleep(1)\n"
+        "        open('/tmp/survivor', 'w').write('still here')\n"
+        "        time.sleep(30)\n"
+        "    os._exit(0)\n"
+        "print('spawned')"
+    )
+    result = target.run_sync(code)
+    assert result.ok and result.text == "spawned\n"
+    assert_still_healthy(target)  # no survivors, no file they wrote
+
+
+class _LocalServer:
+    """A TCP server on the host's 127.0.0.1 that records whether anybody connected."""
+
+    def __init__(self) -> None:
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.listener.settimeout(5)
+        self.port = self.listener.getsockname()[1]
+        self.connected = False
+        self.thread = threading.Thread(target=self._accept, daemon=True)
+        self.thread.start()
+
+    def _accept(self) -> None:
+        try:
+            connection, _ = self.listener.accept()
+            self.connected = True
+            connection.close()
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        self.listener.close()
+        self.thread.join(timeout=6)
+
+
+def test_no_network_to_localhost_or_outside(target):
+    server = _LocalServer()
+    try:
+        code = (
+            "import socket\n"
+            f"for address in [('127.0.0.1', {server.port}), ('1.1.1.1', 80), ('8.8.8.8', 53)]:\n"
+            "    try:\n"
+            "        socket.create_connection(address, timeout=2).close()\n"
+            "        print('connected', address)\n"
+            "    except OSError as error:\n"
+            "        print('blocked', type(error).__name__)"
+        )
+        result = target.run_sync(code)
+    finally:
+        server.close()
+    assert result.ok, result.text
+    assert result.text.count("blocked") == 3 and "connected" not in result.text
+    assert not server.connected
+    assert_still_healthy(target)
+
+
+def test_host_secrets_stay_hidden(target, tmp_path):
+    secret = uuid.uuid4().hex
+    os.environ["RAPO_TEST_SECRET"] = secret  # the parent's environment must not reach the code
+    secret_file = None
+    if os.geteuid() == 0 and os.path.isdir("/root"):
+        secret_file = f"/root/rapo-sandbox-test-{secret}"
+        with open(secret_file, "w") as handle:
+            handle.write(secret)
+    try:
+        code = (
+            "import os, glob\nfound = []\n"
+            "for path in ['/etc/shadow', *glob.glob('/root/*'), *glob.glob('/proc/*/environ')]:\n"
+            "    try:\n"
+            "        found.append((path, open(path, 'rb').read().decode('latin-1')))\n"
+            "    except OSError:\n"
+            "        pass\n"
+            "print(repr(dict(os.environ)))\n"
+            "print(repr(found))"
+        )
+        result = target.run_sync(code)
+    finally:
+        os.environ.pop("RAPO_TEST_SECRET", None)
+        if secret_file:
+            os.unlink(secret_file)
+    assert result.ok, result.text
+    assert secret not in result.text
+    assert "/etc/shadow" not in result.text and "rapo-sandbox-test" not in result.text
+    assert_still_healthy(target)
+
+
+def test_writes_outside_the_scratch_directory_fail(target, tmp_path):
+    targets = [str(tmp_path / "escaped.txt"), "/etc/rapo-escaped", "/usr/rapo-escaped", os.path.abspath("escaped.txt")]
+    code = (
+        "results = []\n"
+        f"for path in {targets!r}:\n"
+        "    try:\n"
+        "        open(path, 'w').write('x')\n"
+        "        results.append('written')\n"
+        "    except OSError:\n"
+        "        results.append('refused')\n"
+        "open('/tmp/allowed.txt', 'w').write('fine')\n"
+        "print(results)"
+    )
+    result = target.run_sync(code)
+    assert result.ok, result.text
+    assert result.text.strip() == repr(["refused"] * len(targets))
+    assert not any(os.path.exists(path) for path in targets)
+    assert_still_healthy(target)
+
+
+def test_filling_the_scratch_disk_stops_at_its_size(target):
+    code = (
+        "import errno\nwritten = 0\n"
+        "try:\n"
+        "    for index in range(64):\n"  # 64 x 2 MiB = 128 MiB at most
+        "        with open(f'/tmp/fill{index}', 'wb') as handle:\n"
+        "            handle.write(b'0' * (2 << 20))\n"
+        "        written += 2\n"
+        "except OSError as error:\n"
+        "    print('stopped', errno.errorcode[error.errno])\n"
+        "print(written)"
+    )
+    result = target.run_sync(code)
+    assert result.ok, result.text
+    assert result.text.startswith("stopped ENOSPC")
+    assert int(result.text.split()[-1]) <= target.config.scratch_mb
+    assert_still_healthy(target)
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        "import os\nos.kill(os.getppid(), 9)",
+        "import os, signal\nos.killpg(os.getpgid(os.getppid()), signal.SIGKILL)",
+        "import os, signal\nos.kill(-1, signal.SIGKILL)",
+        "import os, signal\nos.killpg(0, signal.SIGKILL)",
+    ],
+    ids=["kill-parent", "killpg-parent", "kill-all", "killpg-self"],
+)
+def test_killing_the_worker_or_pool_only_costs_that_call(target, code):
+    result = target.run_sync(code)
+    assert not result.ok
+    assert_still_healthy(target)
+
+
+def test_ctypes_cannot_regain_privileges(target):
+    code = (
+        "import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+        "print('setuid', libc.setuid(0), os.getuid() == 0)\n"
+        "print('ptrace', libc.ptrace(16, os.getppid(), 0, 0))\n"  # PTRACE_ATTACH to the worker
+        "print('kill-init', libc.kill(1, 9))\n"
+        "print('mount', libc.mount(b'none', b'/usr', b'tmpfs', 0, None))"
+    )
+    result = target.run_sync(code)
+    assert result.ok, result.text
+    assert result.text.splitlines() == ["setuid -1 False", "ptrace -1", "kill-init 0", "mount -1"] or (
+        "setuid -1 False" in result.text and "ptrace -1" in result.text and "mount -1" in result.text
+    )
+    assert_still_healthy(target)
