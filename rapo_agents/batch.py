@@ -1,8 +1,8 @@
-"""From trajectories to the padded tensors of one RAPO update (spec §5-7).
+"""From the rollout engine's trajectories to the tensors of one RAPO update (spec §5-7).
 
-`retrieval_terms` turns each trajectory's step entropies and retrieval marks into ``Z_ret``
-(§5) and counts its retrieved tokens for ``F_ret`` (§7); `collate` pads token ids, loss masks
-and rollout log-probs into a `TrainBatch` whose advantages come from `rapo_advantages` (§6).
+The rollout engine's `collate_trajectories` pads the token-level record; this module adds what
+RAPO computes from it: ``Z_ret`` from step entropies and retrieval marks (§5), ``F_ret`` from the
+retrieval token mask (§7), and the fused advantages per question group (§6).
 
 Example:
     >>> from rapo_env.trajectory import StepRecord, Trajectory
@@ -12,7 +12,7 @@ Example:
     ...                       steps=[step], reward=reward, metrics={}, num_tool_calls=0, end_reason="answer",
     ...                       source="example", token_ids=[5, 6, 7, 8], loss_mask=[0, 0, 1, 1],
     ...                       logprobs=[0.0, 0.0, -0.5, -0.7], prompt_length=2)
-    >>> batch = collate([rollout(0, 1.0), rollout(1, 0.0)], group_index=[0, 0], pad_token_id=0)
+    >>> batch = build_batch([rollout(0, 1.0), rollout(1, 0.0)], pad_token_id=0)
     >>> batch.input_ids.shape, [round(a, 3) for a in batch.advantages.tolist()]
     (torch.Size([2, 4]), [0.707, -0.707])
 """
@@ -24,60 +24,15 @@ from collections.abc import Sequence
 
 import torch
 
-from rapo_agents.rapo import RAPOConfig, rapo_advantages, retrieval_entropy_pairs, retrieval_reward
+from rapo_agents.rapo import (
+    RAPOConfig,
+    rapo_advantages,
+    retrieval_entropy_pairs,
+    retrieval_fraction,
+    retrieval_reward,
+)
+from rapo_agents.rollout.collate import collate_trajectories
 from rapo_env.trajectory import Trajectory
-
-RETRIEVAL_TOKENS_KEY = "retrieval_tokens"
-"""``Trajectory.extra`` key the rollout engine fills with the number of spliced retrieval tokens."""
-
-
-@dataclasses.dataclass
-class RetrievalTerms:
-    """Per-trajectory inputs of RAPO's retrieval reward and shaping."""
-
-    z_ret: torch.Tensor
-    """``[N]`` retrieval reward ``Z_ret`` (0 without retrievals)."""
-    f_ret: torch.Tensor
-    """``[N]`` share of response tokens that were spliced retrieval text."""
-    retrievals: torch.Tensor
-    """``[N]`` number of splices."""
-
-
-def step_entropy(step, estimator: str) -> float | None:
-    """The step's entropy under the chosen estimator (``paper`` or ``reference``)."""
-    return step.entropy_paper if estimator == "paper" else step.entropy_reference
-
-
-def retrieval_terms(trajectories: Sequence[Trajectory], estimator: str = "paper") -> RetrievalTerms:
-    """``Z_ret``, ``F_ret`` and retrieval counts of each trajectory (spec §5, §7).
-
-    A retrieval recorded on step ``s`` was spliced into the observation after that step, so
-    ``H_pre = H(s)`` and ``H_post = H(s + 1)``. A step without an entropy (a backend that gave
-    none) invalidates the retrievals around it rather than inventing a value.
-    """
-    count = len(trajectories)
-    width = max((len(t.steps) for t in trajectories), default=0) or 1
-    entropies = torch.zeros(count, width, dtype=torch.float64)
-    step_mask = torch.zeros(count, width, dtype=torch.bool)
-    marks = torch.zeros(count, width, dtype=torch.bool)
-    retrieved_tokens = torch.zeros(count, dtype=torch.float64)
-    response_tokens = torch.ones(count, dtype=torch.float64)
-    for row, trajectory in enumerate(trajectories):
-        for column, step in enumerate(trajectory.steps):
-            value = step_entropy(step, estimator)
-            if value is not None:
-                entropies[row, column] = float(value)
-                step_mask[row, column] = True
-            marks[row, column] = step.retrieval is not None
-        retrieved_tokens[row] = float(trajectory.extra.get(RETRIEVAL_TOKENS_KEY, 0))
-        if trajectory.token_ids is not None:
-            response_tokens[row] = max(1, len(trajectory.token_ids) - (trajectory.prompt_length or 0))
-    h_pre, h_post, valid = retrieval_entropy_pairs(entropies, step_mask, marks)
-    return RetrievalTerms(
-        z_ret=retrieval_reward(h_pre, h_post, valid).float(),
-        f_ret=(retrieved_tokens / response_tokens).float(),
-        retrievals=marks.sum(-1),
-    )
 
 
 @dataclasses.dataclass
@@ -95,11 +50,13 @@ class TrainBatch:
     advantages: torch.Tensor
     """``[B]`` RAPO advantage of each rollout."""
     f_ret: torch.Tensor
-    """``[B]`` retrieved-token fraction."""
+    """``[B]`` retrieved-token fraction ``F_ret``."""
     rewards: torch.Tensor
     """``[B]`` outcome rewards."""
     z_ret: torch.Tensor
-    """``[B]`` retrieval rewards."""
+    """``[B]`` retrieval rewards ``Z_ret``."""
+    retrievals: torch.Tensor
+    """``[B]`` number of splices in each rollout."""
     prompt_lengths: torch.Tensor
     """``[B]`` tokens of each prompt."""
 
@@ -123,57 +80,38 @@ class TrainBatch:
         return TrainBatch(**{field.name: getattr(self, field.name).to(device) for field in dataclasses.fields(self)})
 
 
-def collate(
-    trajectories: Sequence[Trajectory],
-    group_index: Sequence[int],
-    pad_token_id: int,
-    config: RAPOConfig | None = None,
-    retrieval: RetrievalTerms | None = None,
+def build_batch(
+    trajectories: Sequence[Trajectory], pad_token_id: int, config: RAPOConfig | None = None
 ) -> TrainBatch:
-    """Pad trajectories into a `TrainBatch` with RAPO advantages computed per group (spec §6).
+    """Pad trajectories and compute ``Z_ret``, ``F_ret`` and RAPO's advantages per question group.
+
+    A retrieval recorded on step ``s`` was spliced into the observation after that step, so
+    ``H_pre = H(s)`` and ``H_post = H(s + 1)``; a step without an entropy under the chosen estimator
+    (a backend that gave none) invalidates the retrievals around it rather than inventing a value.
+    Groups come from ``extra["group_index"]`` (the engine's), else from the task ids.
 
     Raises:
-        ValueError: when a trajectory lacks token ids, loss mask or log-probs, or they disagree in length.
+        ValueError: for an empty list or a trajectory without a consistent token-level record.
     """
     config = config or RAPOConfig()
-    if len(trajectories) != len(group_index):
-        raise ValueError(f"{len(trajectories)} trajectories but {len(group_index)} group indices")
-    if not trajectories:
-        raise ValueError("no trajectories to collate")
-    for trajectory in trajectories:
-        ids, mask, logprobs = trajectory.token_ids, trajectory.loss_mask, trajectory.logprobs
-        if ids is None or mask is None or logprobs is None:
-            raise ValueError(f"trajectory {trajectory.task_id}/{trajectory.rollout_index} has no token-level record")
-        if not len(ids) == len(mask) == len(logprobs):
-            raise ValueError(
-                f"trajectory {trajectory.task_id}/{trajectory.rollout_index}: token_ids, loss_mask and logprobs "
-                f"have lengths {len(ids)}, {len(mask)}, {len(logprobs)}"
-            )
-    retrieval = retrieval or retrieval_terms(trajectories, config.entropy_estimator)
-    width = max(len(t.token_ids) for t in trajectories)
-    count = len(trajectories)
-    input_ids = torch.full((count, width), pad_token_id, dtype=torch.long)
-    attention = torch.zeros(count, width, dtype=torch.long)
-    loss_mask = torch.zeros(count, width, dtype=torch.float32)
-    old_logprobs = torch.zeros(count, width, dtype=torch.float32)
-    for row, trajectory in enumerate(trajectories):
-        length = len(trajectory.token_ids)
-        input_ids[row, :length] = torch.tensor(trajectory.token_ids, dtype=torch.long)
-        attention[row, :length] = 1
-        loss_mask[row, :length] = torch.tensor(trajectory.loss_mask, dtype=torch.float32)
-        old_logprobs[row, :length] = torch.tensor(trajectory.logprobs, dtype=torch.float32)
-    rewards = torch.tensor([t.reward for t in trajectories], dtype=torch.float32)
-    advantages = rapo_advantages(
-        rewards, retrieval.z_ret, torch.as_tensor(group_index, dtype=torch.long), config.advantage_weight, config.eps
-    )
+    tensors = collate_trajectories(trajectories, pad_token_id)
+    entropies = tensors[f"step_entropy_{config.entropy_estimator}"]
+    known = tensors["step_mask"] & ~torch.isnan(entropies)
+    h_pre, h_post, valid = retrieval_entropy_pairs(entropies.nan_to_num(0.0), known, tensors["step_retrieved"])
+    z_ret = retrieval_reward(h_pre, h_post, valid, config.eps)
+    attention = tensors["attention_mask"]
+    positions = torch.arange(attention.shape[1])[None, :]
+    response_mask = (attention > 0) & (positions >= tensors["prompt_lengths"][:, None])
+    rewards = tensors["rewards"]
     return TrainBatch(
-        input_ids=input_ids,
+        input_ids=tensors["input_ids"],
         attention_mask=attention,
-        loss_mask=loss_mask,
-        old_logprobs=old_logprobs,
-        advantages=advantages,
-        f_ret=retrieval.f_ret,
+        loss_mask=tensors["loss_mask"],
+        old_logprobs=tensors["old_logprobs"],
+        advantages=rapo_advantages(rewards, z_ret, tensors["group_ids"], config.advantage_weight, config.eps),
+        f_ret=retrieval_fraction(tensors["retrieval_mask"], response_mask),
         rewards=rewards,
-        z_ret=retrieval.z_ret,
-        prompt_lengths=torch.tensor([t.prompt_length or 0 for t in trajectories], dtype=torch.long),
+        z_ret=z_ret,
+        retrievals=tensors["step_retrieved"].sum(-1),
+        prompt_lengths=tensors["prompt_lengths"],
     )

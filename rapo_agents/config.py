@@ -107,6 +107,8 @@ class RetrievalConfig:
     """Splice retrieved step traces into hybrid rollouts. False turns the trainer into GRPO."""
     retriever: str = "default"
     """``default`` (the embedded scripted-expert buffer, retrieved in-process), a buffer JSONL path, or a ``/retrieve`` URL."""
+    index_path: str | None = None
+    """FAISS index of a buffer JSONL given as ``retriever`` (``rapo buffer index`` writes it)."""
     retrieve_prob: float = 0.5
     """Probability of a retrieval after each tool round of a hybrid rollout."""
     no_retrieve_first_k: int = 2
@@ -212,6 +214,8 @@ class TrainConfig:
             raise ConfigError(f"retrieval.retrieve_prob must be in [0, 1], got {self.retrieval.retrieve_prob}")
         if self.retrieval.select not in ("auto", "most_similar", "max_reward"):
             raise ConfigError(f"retrieval.select must be auto, most_similar or max_reward, got {self.retrieval.select!r}")
+        if self.retrieval.retriever.endswith(".jsonl") and not self.retrieval.index_path:
+            raise ConfigError("retrieval.retriever is a buffer JSONL: set retrieval.index_path to its FAISS index")
         if self.rollout.backend not in ("hf", "vllm"):
             raise ConfigError(f"rollout.backend must be hf or vllm, got {self.rollout.backend!r}")
 

@@ -27,13 +27,13 @@ from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
-import numpy as np
 import torch
 
-from rapo_agents.batch import RETRIEVAL_TOKENS_KEY, collate, retrieval_terms
+from rapo_agents.batch import TrainBatch, build_batch
 from rapo_agents.checkpoint import CheckpointManager, GracefulInterrupt, rng_state, set_rng_state
 from rapo_agents.config import TrainConfig
 from rapo_agents.metrics import MetricsLogger, plot_curves, read_metrics
+from rapo_agents.rollout import RolloutConfig, RolloutEngine, derive_seed
 from rapo_agents.sampler import QuestionSampler
 from rapo_agents.update import UpdateSettings, ppo_update, recompute_logprobs
 from rapo_env.trajectory import Trajectory, write_jsonl
@@ -89,6 +89,7 @@ class RAPOTrainer:
     Args:
         config: the run's settings.
         model, tokenizer: a model to train instead of loading ``config.model`` (tests, notebooks).
+        policy: the rollout policy; default an `HFPolicy` sharing ``model`` (or a `VLLMPolicy` for ``backend: vllm``).
         env_factory: builds the (unwrapped) env; default ``gym.make(config.data.env_id, ...)``.
         retriever: the step-trace retriever; default resolves ``config.retrieval.retriever``.
     """
@@ -98,6 +99,7 @@ class RAPOTrainer:
         config: TrainConfig,
         model: torch.nn.Module | None = None,
         tokenizer: Any = None,
+        policy: Any = None,
         env_factory: Callable[[], gym.Env] | None = None,
         retriever: Any = None,
     ):
@@ -123,12 +125,23 @@ class RAPOTrainer:
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(), lr=optim.lr, betas=optim.betas, weight_decay=optim.weight_decay
         )
-        self.policy = self._make_policy()
+        self.policy = policy if policy is not None else self._make_policy()
         self._env_factory = env_factory or self._default_env_factory
         self.retriever = None
         if config.retrieval.enabled:
             self.retriever = retriever if retriever is not None else self._default_retriever()
         self.num_tasks = self._count_tasks()
+        rollout = config.rollout
+        self.engine = RolloutEngine(
+            self._env_factory,
+            self.policy,
+            RolloutConfig(
+                group_size=rollout.rollout_n, max_prompt_tokens=rollout.max_prompt_tokens,
+                max_response_tokens=rollout.max_response_tokens, max_turn_tokens=rollout.max_turn_tokens,
+                temperature=rollout.temperature, top_p=rollout.top_p, seed=config.seed,
+            ),
+            wrappers=[self.wrap_env] if self.retriever is not None else [],
+        )
         self.sampler = QuestionSampler(self.num_tasks, optim.train_batch_size, config.seed, config.data.shuffle)
         self.step = 0
         self.output_dir = Path(config.logging.output_dir)
@@ -163,7 +176,7 @@ class RAPOTrainer:
         else:
             kwargs.update(dataset=data.source, limit=data.max_tasks)
         kwargs.update(data.env_kwargs)
-        return gym.make(data.env_id, **kwargs)
+        return gym.make(data.env_id, disable_env_checker=True, **kwargs)
 
     def _default_retriever(self):
         spec = self.config.retrieval.retriever
@@ -177,16 +190,13 @@ class RAPOTrainer:
         if spec.endswith(".jsonl"):
             from rapo_buffers.retriever import InProcessRetriever
 
-            return InProcessRetriever.from_files(spec)
+            return InProcessRetriever.from_files(spec, self.config.retrieval.index_path)
         from rapo_buffers.defaults import resolve_retriever
 
         return resolve_retriever(spec)
 
-    def make_env(self) -> gym.Env:
-        """One training env: the base env, wrapped for hybrid rollouts when retrieval is on."""
-        env = self._env_factory()
-        if self.retriever is None:
-            return env
+    def wrap_env(self, env: gym.Env) -> gym.Env:
+        """Wrap a training env for hybrid rollouts (spec §4): rollouts ``>= no_retrieve_first_k`` of a group retrieve."""
         from rapo_env.wrappers.retrieval import StepTraceRetrievalWrapper
 
         retrieval = self.config.retrieval
@@ -213,9 +223,7 @@ class RAPOTrainer:
 
     def rollout(self, task_indices: Sequence[int]) -> list[Trajectory]:
         """``rollout_n`` rollouts of each task, group by group, seeded by the step (so a resume replays them)."""
-        from rapo_agents.rollout import RolloutEngine
-
-        raise NotImplementedError(RolloutEngine)
+        return self.engine.run(task_indices, seed=derive_seed(self.config.seed, self.step))
 
     def train_step(self) -> dict[str, float]:
         """One full step (rollout, advantages, update, sync); returns its metrics."""
@@ -225,35 +233,40 @@ class RAPOTrainer:
         trajectories = self.rollout(task_indices)
         rollout_seconds = time.perf_counter() - started
 
-        group_of_task = {task: group for group, task in enumerate(task_indices)}
-        group_index = [group_of_task[int(t.extra.get("task_index", -1))] for t in trajectories]
-        terms = retrieval_terms(trajectories, config.algorithm.entropy_estimator)
-        batch = collate(trajectories, group_index, self._pad_token_id(), config.algorithm, terms)
+        engine_stats = self.engine.stats
+        batch = build_batch(trajectories, self._pad_token_id(), config.algorithm)
         if self._recompute_old_logprobs():
             batch.old_logprobs = recompute_logprobs(self.model, batch, self.update_settings)
         update_stats = ppo_update(self.model, self.optimizer, batch, config.algorithm, self.update_settings,
                                   self.reference_model)
 
         sync_started = time.perf_counter()
-        self.policy.sync_weights(self.model)
+        self.sync_policy()
         sync_seconds = time.perf_counter() - sync_started
 
         self.step += 1
         if config.logging.save_trajectories:
             write_jsonl(self.output_dir / "trajectories.jsonl", trajectories, append=True)
-        metrics = rollout_metrics(trajectories, terms)
+        metrics = rollout_metrics(trajectories, batch)
         metrics.update(update_stats)
         metrics.update({
             "advantage/mean": float(batch.advantages.mean()),
             "advantage/abs_mean": float(batch.advantages.abs().mean()),
             "time/rollout_s": rollout_seconds,
+            "time/generate_s": engine_stats.generate_s,
+            "time/env_step_s": engine_stats.env_step_s,
             "time/sync_s": sync_seconds,
             "time/step_s": time.perf_counter() - started,
-            "throughput/rollout_tokens_per_s": float(batch.lengths.sum() - batch.prompt_lengths.sum())
-            / max(rollout_seconds, 1e-9),
+            "throughput/generate_tokens_per_s": engine_stats.generated_tokens / max(engine_stats.generate_s, 1e-9),
             "data/epoch": float(self.sampler.epoch),
         })
         return metrics
+
+    def sync_policy(self) -> None:
+        """Bring the rollout policy up to date with the trained weights (free when it shares the module)."""
+        sync = getattr(self.policy, "sync_weights", None)
+        if sync is not None:
+            sync(self.model)
 
     def _pad_token_id(self) -> int:
         pad = self.tokenizer.pad_token_id
@@ -283,7 +296,7 @@ class RAPOTrainer:
         set_rng_state(state["rng"])
         self.sampler.load_state_dict(state["sampler"])
         self.step = int(state["trainer"]["step"])
-        self.policy.sync_weights(self.model)
+        self.sync_policy()
 
     def save_checkpoint(self) -> Path:
         """Write a checkpoint of the current step."""
@@ -298,6 +311,10 @@ class RAPOTrainer:
             return False
         self.load_state_dict(state)
         return True
+
+    def close(self) -> None:
+        """Release the rollout envs and their tool workers (they are recreated if training goes on)."""
+        self.engine.close()
 
     # ---- the loop ---------------------------------------------------------------------------------
 
@@ -340,6 +357,7 @@ class RAPOTrainer:
                 print(f"{interrupt.signal_name}: saving a checkpoint at step {self.step} and stopping")
             if checkpoint is None or not checkpoint.name.endswith(f"{self.step:06d}"):
                 checkpoint = self.save_checkpoint()
+        self.close()
         history = read_metrics(self.output_dir / "metrics.jsonl")
         plot = None
         if logging_config.plot and history:
@@ -349,30 +367,30 @@ class RAPOTrainer:
                            plot=plot, interrupted=interrupted)
 
 
-def rollout_metrics(trajectories: Sequence[Trajectory], terms) -> dict[str, float]:
+def rollout_metrics(trajectories: Sequence[Trajectory], batch: TrainBatch) -> dict[str, float]:
     """Outcome and behaviour statistics of one step's rollouts."""
-    rewards = np.array([t.reward for t in trajectories], dtype=np.float64)
-    accuracy = np.array([float(t.metrics.get("accuracy", t.metrics.get("em", 0.0))) for t in trajectories])
-    format_ok = np.array([float(t.metrics.get("format_ok", 0.0)) for t in trajectories])
-    tool_calls = np.array([t.num_tool_calls for t in trajectories], dtype=np.float64)
-    response_tokens = np.array([
-        len(t.token_ids) - (t.prompt_length or 0) if t.token_ids is not None else 0 for t in trajectories
-    ], dtype=np.float64)
-    retrievals = terms.retrievals.double().numpy()
-    hybrid = np.array([bool(t.extra.get("hybrid", False)) for t in trajectories])
-    z_ret = terms.z_ret.double().numpy()
+    rewards = batch.rewards.double()
+    accuracy = torch.tensor([float(t.metrics.get("accuracy", t.metrics.get("em", 0.0))) for t in trajectories])
+    format_ok = torch.tensor([float(t.metrics.get("format_ok", 0.0)) for t in trajectories])
+    tool_calls = torch.tensor([float(t.num_tool_calls) for t in trajectories])
+    response_tokens = (batch.lengths - batch.prompt_lengths).double()
+    answered = torch.tensor([float(t.end_reason == "answer") for t in trajectories])
+    retrievals = batch.retrievals.double()
     with_retrieval = retrievals > 0
+
+    def mean_where(values: torch.Tensor) -> float:
+        return float(values[with_retrieval].double().mean()) if with_retrieval.any() else 0.0
+
     return {
         "reward/mean": float(rewards.mean()),
-        "reward/std": float(rewards.std()),
+        "reward/std": float(rewards.std()) if len(rewards) > 1 else 0.0,
         "accuracy": float(accuracy.mean()),
         "format_rate": float(format_ok.mean()),
+        "answered_rate": float(answered.mean()),
         "tool_calls/mean": float(tool_calls.mean()),
         "response_tokens/mean": float(response_tokens.mean()),
         "retrieval/count_mean": float(retrievals.mean()),
-        "retrieval/hybrid_fraction": float(hybrid.mean()),
-        "retrieval/rollouts_with_retrieval": float(with_retrieval.mean()),
-        "retrieval/z_ret_mean": float(z_ret[with_retrieval].mean()) if with_retrieval.any() else 0.0,
-        "retrieval/f_ret_mean": float(terms.f_ret.double().numpy()[with_retrieval].mean()) if with_retrieval.any() else 0.0,
-        "retrieval/tokens_mean": float(np.mean([t.extra.get(RETRIEVAL_TOKENS_KEY, 0) for t in trajectories])),
+        "retrieval/rollouts_with_retrieval": float(with_retrieval.double().mean()),
+        "retrieval/z_ret_mean": mean_where(batch.z_ret),
+        "retrieval/f_ret_mean": mean_where(batch.f_ret),
     }

@@ -36,6 +36,7 @@ from rapo_buffers.retriever import InProcessRetriever
 from rapo_buffers.schema import write_buffer
 from rapo_buffers.sources.scripted import ScriptedSourceConfig, scripted_expert_trajectories
 from rapo_env.tasks.procedural_math import SPLIT_SEEDS, ProceduralMath
+from rapo_tools.search.embedding import Embedder
 from rapo_tools.search.faiss_index import IndexConfig
 
 FORMAT_VERSION = 1
@@ -85,8 +86,13 @@ def default_buffer_dir(config: DefaultBufferConfig | None = None) -> Path:
     return cache_root() / "step_traces" / f"scripted-{config.split}-{config.num_tasks}-{config.digest()}"
 
 
-def ensure_default_buffer(config: DefaultBufferConfig | None = None, show_progress: bool = True) -> tuple[Path, Path]:
-    """Build the default buffer and its index unless cached; return (buffer JSONL path, index path)."""
+def ensure_default_buffer(
+    config: DefaultBufferConfig | None = None, show_progress: bool = True, embedder: Embedder | None = None
+) -> tuple[Path, Path]:
+    """Build the default buffer and its index unless cached; return (buffer JSONL path, index path).
+
+    ``embedder`` (default: the embedded MiniLM, loaded when needed) encodes the keys.
+    """
     config = config or DefaultBufferConfig()
     folder = default_buffer_dir(config)
     corpus_path, index_path, stats_path = folder / CORPUS_FILE, folder / INDEX_FILE, folder / STATS_FILE
@@ -98,7 +104,7 @@ def ensure_default_buffer(config: DefaultBufferConfig | None = None, show_progre
             traces, stats = build_step_traces(trajectories, BuildConfig())
             write_buffer(corpus_path, traces)
             build_step_index(
-                traces, index_path, config=IndexConfig(kind=config.index_kind), corpus_path=corpus_path,
+                traces, index_path, embedder, config=IndexConfig(kind=config.index_kind), corpus_path=corpus_path,
                 show_progress=show_progress,
             )
             stats_path.write_text(json.dumps({"config": dataclasses.asdict(config), **stats.as_dict()}, indent=2))
@@ -106,14 +112,19 @@ def ensure_default_buffer(config: DefaultBufferConfig | None = None, show_progre
 
 
 @functools.lru_cache(maxsize=4)
-def _cached_retriever(config: DefaultBufferConfig, show_progress: bool) -> InProcessRetriever:
-    corpus_path, index_path = ensure_default_buffer(config, show_progress=show_progress)
-    return InProcessRetriever.from_files(corpus_path, index_path)
+def _cached_retriever(
+    config: DefaultBufferConfig, root: str, show_progress: bool, embedder: Embedder | None
+) -> InProcessRetriever:
+    # ``root`` is part of the cache key: a changed RAPO_CACHE_DIR means another buffer.
+    corpus_path, index_path = ensure_default_buffer(config, show_progress=show_progress, embedder=embedder)
+    return InProcessRetriever.from_files(corpus_path, index_path, embedder)
 
 
-def default_retriever(config: DefaultBufferConfig | None = None, show_progress: bool = True) -> InProcessRetriever:
-    """The in-process retriever over the default buffer (one per process and setting)."""
-    return _cached_retriever(config or DefaultBufferConfig(), show_progress)
+def default_retriever(
+    config: DefaultBufferConfig | None = None, show_progress: bool = True, embedder: Embedder | None = None
+) -> InProcessRetriever:
+    """The in-process retriever over the default buffer (one per process, setting and embedder)."""
+    return _cached_retriever(config or DefaultBufferConfig(), str(cache_root()), show_progress, embedder)
 
 
 def resolve_retriever(spec: str) -> Retriever:

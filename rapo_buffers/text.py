@@ -3,7 +3,7 @@
 1. drop the system prompt: everything up to the start of the first user turn, when the text is a
    chat transcript (chat-template markers, or the ``system\\n...\\nuser\\n`` form that decoding with
    ``skip_special_tokens`` leaves);
-2. remove chat special tokens (``<|im_start|>``, ``<|eot_id|>``, ...);
+2. remove chat role headers and special tokens (``<|im_start|>assistant``, ``<|eot_id|>``, ...);
 3. keep the last ``max_chars`` (1,300) characters.
 
 The reference applied this to keys only, so that its queries kept special tokens its keys lacked.
@@ -35,6 +35,8 @@ _USER_TURN_MARKERS = (
 # The same transcript decoded without special tokens ("system\n...\nuser\n..."), as the reference embeds it.
 _DECODED_SYSTEM_PREFIX = "system\n"
 _DECODED_USER_MARKER = "\nuser\n"
+# Role headers go whole (not only their special tokens), so that "assistant" does not stay in the text.
+_ROLE_HEADER = re.compile(r"<\|im_start\|>[a-z_]+\n?|<\|start_header_id\|>[a-z_]+<\|end_header_id\|>\n*")
 _SPECIAL_TOKEN = re.compile(r"<\|[^|<>\s]{1,40}\|>|</?s>|\[/?INST\]")
 
 
@@ -59,5 +61,5 @@ def normalize_context(text: str, max_chars: int = MAX_CONTEXT_CHARS) -> str:
     """
     if max_chars <= 0:
         raise ValueError(f"max_chars must be positive, got {max_chars}")
-    text = _SPECIAL_TOKEN.sub("", drop_system_prompt(text))
+    text = _SPECIAL_TOKEN.sub("", _ROLE_HEADER.sub("", drop_system_prompt(text)))
     return text[-max_chars:].strip()

@@ -25,5 +25,6 @@ def _register(env_id: str, entry_point: str, **options) -> None:
 
 _register("RAPO-Math-v0", "rapo_env.envs.math:MathEnv")
 _register("RAPO-Web-v0", "rapo_env.envs.web:WebEnv", nondeterministic=True)
+_register("RAPO-QA-v0", "rapo_env.envs.qa:QAEnv")
 
 __all__ = ["RAPO_ENV_IDS", "ToolEnv"]

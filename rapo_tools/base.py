@@ -98,7 +98,7 @@ class Tool(abc.ABC):
         """Synchronous facade of `acall`."""
         return run_sync(self._timed(argument))
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027  (a hook: most tools hold nothing)
         """Release the tool's resources (pools, clients). Calling it twice is harmless."""
 
     def __enter__(self) -> Tool:

@@ -68,7 +68,14 @@ def serve_in_thread(
     """
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="on")
     server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, name=f"uvicorn-{host}:{port}", daemon=True)
+
+    def run_server() -> None:
+        try:
+            server.run()
+        except SystemExit:  # uvicorn exits on a failed startup; the waiting caller reports it
+            logger.error("uvicorn exited during startup on %s:%d", host, port)
+
+    thread = threading.Thread(target=run_server, name=f"uvicorn-{host}:{port}", daemon=True)
     thread.start()
     try:
         base_url = _wait_until_answering(server, thread, host, startup_timeout_s)

@@ -42,3 +42,10 @@ def sentence_encoder(embedding_model_path):
     from sentence_transformers import SentenceTransformer
 
     return SentenceTransformer(embedding_model_path, device="cpu")
+
+
+@pytest.fixture(scope="session")
+def rapo_cache_dir(tmp_path_factory) -> Path:
+    """One cache directory per session for generated knowledge bases and cached indexes (never ~/.cache);
+    tests that pass it share what was built (e.g. the MiniLM index of the HotpotQA corpus)."""
+    return tmp_path_factory.mktemp("rapo_cache")

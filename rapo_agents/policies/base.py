@@ -24,10 +24,13 @@ import math
 from collections.abc import Sequence
 from typing import Any, Literal, Protocol, runtime_checkable
 
+from rapo_env.protocol import TOOL_TAGS, closing_tags
+
 FinishReason = Literal["stop", "eos", "length", "error"]
 
-TOOL_STOP_STRINGS: tuple[str, ...] = ("</python>", "</search>", "</answer>")
-"""Closing tags at which a turn ends: the env runs the tool call (or scores the answer)."""
+TOOL_STOP_STRINGS: tuple[str, ...] = tuple(closing_tags(TOOL_TAGS))
+"""Closing tags at which a turn ends (``</python>``, ``</search>``, ``</answer>``): the env runs the
+tool call or scores the answer."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,6 +98,8 @@ class Generation:
     """Entropy of the model's next-token distribution at each generated position."""
     top_logprobs: list[list[float]] | None = None
     """The top-k log-probs (descending) at each generated position."""
+    top_token_ids: list[list[int]] | None = None
+    """The token ids of ``top_logprobs``, where the backend knows them."""
     stop_string: str | None = None
     """The stop string that ended the continuation, if any."""
     entropy_kind: Literal["full", "top_k"] = "full"
@@ -165,4 +170,4 @@ def find_stop(text: str, stops: Sequence[str], search_from: int = 0) -> tuple[in
 
 def top_k_entropy(top_logprobs: Sequence[float]) -> float:
     """Entropy ``-sum p log p`` over the given (top-k) log-probs, without renormalising (spec §5, reference)."""
-    return float(-sum(math.exp(lp) * lp for lp in top_logprobs if math.isfinite(lp)))
+    return 0.0 - float(sum(math.exp(lp) * lp for lp in top_logprobs if math.isfinite(lp)))  # never -0.0

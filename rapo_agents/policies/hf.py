@@ -263,7 +263,10 @@ class HFPolicy:
         want_entropy = any(r.params.entropies for r in rows)
         entropies = (-(logprobs.exp() * logprobs).sum(-1)).tolist() if want_entropy else [None] * len(rows)
         k = max(r.params.top_logprobs for r in rows)
-        top = logprobs.topk(min(k, logprobs.shape[-1]), dim=-1).values.tolist() if k else None
+        top = None
+        if k:
+            values, ids = logprobs.topk(min(k, logprobs.shape[-1]), dim=-1)
+            top = list(zip(values.tolist(), ids.tolist()))
 
         tokens = logits.argmax(-1)
         sampled = [i for i, r in enumerate(rows) if not r.params.greedy]
@@ -319,7 +322,7 @@ def _filtered_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch
 class _RowState:
     """One continuation being decoded."""
 
-    __slots__ = ("params", "budget", "generator", "tokens", "logprobs", "entropies", "top", "finish",
+    __slots__ = ("params", "budget", "generator", "tokens", "logprobs", "entropies", "top", "top_ids", "finish",
                  "stop_string")
 
     def __init__(self, params: SamplingParams, budget: int, generator: torch.Generator | None):
@@ -328,16 +331,20 @@ class _RowState:
         self.logprobs: list[float] = []
         self.entropies: list[float] = []
         self.top: list[list[float]] = []
+        self.top_ids: list[list[int]] = []
         self.finish: str | None = None
         self.stop_string: str | None = None
 
-    def append(self, token: int, logprob: float, entropy: float | None, top: list[float] | None) -> None:
+    def append(self, token: int, logprob: float, entropy: float | None,
+               top: tuple[list[float], list[int]] | None) -> None:
         self.tokens.append(token)
         self.logprobs.append(logprob)
         if entropy is not None:
             self.entropies.append(entropy)
         if top is not None:
-            self.top.append(top[: self.params.top_logprobs])
+            k = self.params.top_logprobs
+            self.top.append(top[0][:k])
+            self.top_ids.append(top[1][:k])
 
     def to_generation(self, tokenizer: Any) -> Generation:
         params = self.params
@@ -348,5 +355,6 @@ class _RowState:
             logprobs=self.logprobs if params.logprobs else None,
             entropies=self.entropies if params.entropies else None,
             top_logprobs=self.top if params.top_logprobs else None,
+            top_token_ids=self.top_ids if params.top_logprobs else None,
             stop_string=self.stop_string,
         )

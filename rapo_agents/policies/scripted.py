@@ -66,6 +66,12 @@ class ByteTokenizer:
                 data.extend(self.eos_token.encode())
         return data.decode("utf-8", errors="replace")
 
+    def convert_ids_to_tokens(self, token_ids: Sequence[int]) -> list[str]:
+        """One unique string per id: printable ASCII bytes as themselves, others as ``<0xHH>``."""
+        special = {self.pad_token_id: "<pad>", self.bos_token_id: "<s>", self.eos_token_id: self.eos_token}
+        return [special.get(t) or (chr(t - self.offset) if 32 <= t - self.offset < 127 else f"<0x{t - self.offset:02X}>")
+                for t in token_ids]
+
     def apply_chat_template(
         self, messages: Sequence[dict[str, str]], tokenize: bool = False, add_generation_prompt: bool = True, **_: Any
     ) -> str | list[int]:
@@ -100,15 +106,16 @@ class ScriptedPolicy:
         self.tokenizer = tokenizer if tokenizer is not None else ByteTokenizer()
         self.end_with_eos = end_with_eos
 
-    def _next_turn(self, context_text: str) -> str:
+    def _next_turn(self, context_text: str, stops: Sequence[str]) -> str:
         if callable(self.turns):
             return self.turns(context_text)
         position = 0
         for turn in self.turns:
-            found = context_text.find(turn, position)
+            stop = find_stop(turn, stops)
+            found = context_text.find(turn[: stop[0]] if stop else turn, position)
             if found < 0:
                 return turn
-            position = found + len(turn)
+            position = found + 1
         return self.turns[-1]
 
     def generate(
@@ -121,7 +128,7 @@ class ScriptedPolicy:
         ]
 
     def _generate_one(self, context: list[int], params: SamplingParams) -> Generation:
-        text = self._next_turn(self.tokenizer.decode(context, skip_special_tokens=True))
+        text = self._next_turn(self.tokenizer.decode(context, skip_special_tokens=True), params.stop)
         stop = find_stop(text, params.stop)
         stop_string = None
         if stop is not None:

@@ -1,14 +1,15 @@
 """``RAPO-Web-v0``: questions answered with web ``<search>`` and ``<browse>`` (and optionally ``<python>``).
 
-With no arguments the env is fully offline: it serves a generated encyclopedia on
-loopback (real HTTP, so ``<browse>`` fetches real pages), searches it with rapo's
-dense index (the ``local`` provider) and asks questions whose evidence is on those
-pages. Point ``search`` at Bing, Brave or the reference's recorded results, and
+With no arguments the env is fully offline: it serves the procedural knowledge base
+(`rapo_env.tasks.knowledge_base`) as an encyclopedia site on loopback (real HTTP, so
+``<browse>`` fetches real pages and follows their links), searches it with rapo's
+dense index (the ``local`` provider) and asks its 1-3 hop questions, whose evidence is
+on those pages. Point ``search`` at Bing, Brave or the reference's recorded results, and
 ``dataset`` at SimpleQA, GAIA, WebWalkerQA or the deep-search parquet, for the real thing.
 
 Example:
     >>> import gymnasium as gym, rapo_env
-    >>> env = gym.make("RAPO-Web-v0", num_tasks=6)
+    >>> env = gym.make("RAPO-Web-v0", knowledge_base={"num_people": 12, "num_works": 8})
     >>> prompt, info = env.reset(seed=0, options={"task_index": 0})
     >>> info["tools"]
     ['search', 'browse']
@@ -21,6 +22,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -40,13 +42,18 @@ from rapo_env.rewards.text import (
 )
 from rapo_env.protocol import check_format
 from rapo_env.tasks import Task, resolve_tasks
-from rapo_env.tasks.web_datasets import WEB_DATASET_FILES, generate_site, load_web_dataset
+from rapo_env.tasks.knowledge_base import KnowledgeBase, KnowledgeBaseConfig
+from rapo_env.tasks.web_datasets import WEB_DATASET_FILES, knowledge_base_site, load_web_dataset
+from rapo_env.envs.qa import shared_wiki_search
 from rapo_tools.base import Tool
+from rapo_tools.search.cache import rapo_cache_dir
+from rapo_tools.search.embedding import Embedder
+from rapo_tools.search.wiki_search import WikiSearch
 from rapo_tools.web.browse import BrowseConfig, BrowseTool
 from rapo_tools.web.chat import ChatConfig
 from rapo_tools.web.providers.local import LocalProvider
 from rapo_tools.web.search_tool import WebSearchConfig, WebSearchTool
-from rapo_tools.web.website import SitePage, documents_of, serve_site
+from rapo_tools.web.website import serve_site
 
 RewardSpec = str | Callable[[str, Task], Score]
 OFFLINE_DATASETS = ("offline",)
@@ -59,34 +66,38 @@ WEB_TOOL_DESCRIPTIONS = {
 
 
 class OfflineWeb:
-    """The offline web: a generated site served on loopback and a dense index of its pages.
+    """The offline web: the procedural knowledge base served as a site on loopback, and its dense index.
 
-    One per (seed, size) per process, shared by every env that uses it (vector envs embed the
-    pages once and share one server); the last `release` stops the server.
+    One per (seed, sizes, cache folder) per process, shared by every env that uses it (vector envs load
+    the index once and share one server); the last `release` stops the server. The base and its index
+    are built once and cached on disk by `KnowledgeBase.cached`.
     """
 
     _lock = threading.Lock()
-    _shared: dict[tuple[int, int], OfflineWeb] = {}
+    _shared: dict[tuple[Any, ...], OfflineWeb] = {}
 
-    def __init__(self, key: tuple[int, int], pages: Sequence[SitePage], tasks: Sequence[Task], embedder: Any = None):
+    def __init__(self, key: tuple[Any, ...], knowledge_base: KnowledgeBase, wiki: WikiSearch):
         self.key = key
-        self.pages = list(pages)
-        self.tasks = tasks
+        self.knowledge_base = knowledge_base
+        self.pages = knowledge_base_site(knowledge_base)
         self._stack = contextlib.ExitStack()
-        index = LocalProvider(documents_of(self.pages), embedder=embedder)
-        self.base_url = self._stack.enter_context(serve_site(self.pages, index))
-        self.provider = index.with_url_prefix(self.base_url)
+        site_index = LocalProvider(wiki)
+        self.base_url = self._stack.enter_context(serve_site(self.pages, site_index))
+        self.provider = site_index.with_url_prefix(self.base_url)
+        self.pid = os.getpid()
         self._users = 0
 
     @classmethod
-    def acquire(cls, seed: int, num_tasks: int, embedder: Any = None) -> OfflineWeb:
-        """The shared offline web of ``seed`` with ``num_tasks`` questions (started on first use)."""
-        key = (seed, num_tasks)
+    def acquire(
+        cls, seed: int, config: KnowledgeBaseConfig | None, cache_dir: Path, embedder: Embedder | None
+    ) -> OfflineWeb:
+        """The shared offline web of this knowledge base (generated, indexed and served on first use)."""
+        key = (seed, config, str(cache_dir), id(embedder))
         with cls._lock:
             web = cls._shared.get(key)
-            if web is None:
-                pages, tasks = generate_site(seed=seed, num_people=num_tasks)
-                web = cls(key, pages, tasks, embedder)
+            if web is None or web.pid != os.getpid():  # a forked worker serves its own copy
+                knowledge_base, index_path = KnowledgeBase.cached(seed, cache_dir, embedder, config)
+                web = cls(key, knowledge_base, shared_wiki_search(index_path, None, embedder))
                 cls._shared[key] = web
             web._users += 1
             return web
@@ -95,9 +106,10 @@ class OfflineWeb:
         """One user fewer; the last one stops the server."""
         with self._lock:
             self._users -= 1
-            if self._users > 0:
+            if self._users > 0 or self.pid != os.getpid():
                 return
-            self._shared.pop(self.key, None)
+            if self._shared.get(self.key) is self:
+                del self._shared[self.key]
         self._stack.close()
 
 
@@ -148,7 +160,7 @@ class WebEnv(ToolEnv):
     """Web questions with ``<search>`` and ``<browse>``.
 
     Args:
-        dataset: ``"offline"`` (default: the generated site and its questions), a web benchmark name
+        dataset: ``"offline"`` (default: the procedural knowledge base as a site, and its questions), a web benchmark name
             (``simpleqa``, ``gaia``, ``webwalker``, ``webwalkerqa``, ``deepsearch``), a task file, ``"hf:<name>"``,
             or a task list.
         search: The search provider config (`WebSearchConfig`, dict, or provider name). Default: the local
@@ -158,8 +170,10 @@ class WebEnv(ToolEnv):
         sandbox: Python sandbox settings when ``python`` is on.
         reward: ``"reference"`` (spec §2), ``"f1"``, ``"em"``, ``"judge"`` or a callable.
         judge: OpenAI-compatible endpoint of the judge, for ``reward="judge"``.
-        num_tasks: Questions (and people pages) of the offline site.
-        seed: Seed of the offline site.
+        split: ``train``/``validation``/``test`` of the knowledge base's questions (offline only).
+        seed: Seed of the generated knowledge base.
+        knowledge_base: `KnowledgeBaseConfig` (or a dict of its fields): sizes of the generated base.
+        cache_dir: Where the generated base and its index are kept (default ``$RAPO_CACHE_DIR`` or ``~/.cache/rapo``).
         embedder: A `rapo_tools.search.embedding.Embedder` for the offline index (default: embedded MiniLM).
         limit, level, lang, difficulty: Filters for the web benchmarks (see `load_web_dataset`).
         system_prompt: Overrides the default prompt that explains the tags.
@@ -175,9 +189,11 @@ class WebEnv(ToolEnv):
         sandbox: Any = None,
         reward: RewardSpec = "reference",
         judge: ChatConfig | dict[str, Any] | None = None,
-        num_tasks: int = 60,
+        split: str = "train",
         seed: int = 0,
-        embedder: Any = None,
+        knowledge_base: KnowledgeBaseConfig | dict[str, Any] | None = None,
+        cache_dir: str | Path | None = None,
+        embedder: Embedder | None = None,
         limit: int | None = None,
         level: int | None = None,
         lang: str | None = None,
@@ -190,8 +206,11 @@ class WebEnv(ToolEnv):
         browse_config = BrowseConfig(**browse) if isinstance(browse, dict) else (browse or BrowseConfig())
         search_config = WebSearchConfig.from_value(search) if search is not None else None
         if isinstance(dataset, str) and dataset in OFFLINE_DATASETS:
-            self.offline_web = OfflineWeb.acquire(seed, num_tasks, embedder)
-            tasks: Sequence[Task] = self.offline_web.tasks[:limit] if limit is not None else self.offline_web.tasks
+            kb_config = KnowledgeBaseConfig(**knowledge_base) if isinstance(knowledge_base, dict) else knowledge_base
+            cache_root = Path(cache_dir) if cache_dir is not None else rapo_cache_dir()
+            self.offline_web = OfflineWeb.acquire(seed, kb_config, cache_root, embedder)
+            tasks: Sequence[Task] = self.offline_web.knowledge_base.split(split)
+            tasks = tasks[:limit] if limit is not None else tasks
             browse_config.allowed_origins = (*browse_config.allowed_origins, self.offline_web.base_url)
             search_tool: WebSearchTool = (
                 WebSearchTool(search_config)

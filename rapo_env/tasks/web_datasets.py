@@ -1,6 +1,6 @@
 """The web-agent benchmarks by name: SimpleQA, GAIA (text-only validation), WebWalkerQA, and the
-reference's deep-search RL parquet, read from their reference files; and `generate_site`, the
-fictional encyclopedia (pages + questions) behind the offline default of ``RAPO-Web-v0``.
+reference's deep-search RL parquet, read from their reference files; and `knowledge_base_site`, the
+procedural knowledge base as web pages, the offline default of ``RAPO-Web-v0``.
 
 `rapo_env.tasks.files.load_tasks` reads the formats; this module knows the file names
 and the few dataset-specific fields (GAIA's ``task_id`` and ``Level``, WebWalkerQA's
@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import random
 from pathlib import Path
 
 from rapo_env.tasks.base import Task, TaskList
 from rapo_env.tasks.files import TaskFileError, load_tasks
-from rapo_tools.web.website import SitePage, slugify
+from rapo_env.tasks.knowledge_base import KnowledgeBase
+from rapo_tools.web.website import SitePage
 
 WEB_DATASET_FILES: dict[str, str] = {
     "simpleqa": "arpo_simpleqa_test.jsonl",
@@ -88,85 +88,11 @@ def load_web_dataset(
     return TaskList(name, tasks[:limit] if limit is not None else tasks)
 
 
-_SYLLABLES = ("ka", "lo", "mir", "ven", "tar", "bel", "os", "ri", "dun", "sha", "el", "gro", "va", "nim", "zor", "phe")
-_COUNTRIES = ("Aldoria", "Brenmark", "Castavia", "Duvelland", "Estrovia")
-_PROFESSIONS = ("painter", "astronomer", "architect", "composer", "botanist", "engineer", "novelist", "chemist")
-
-
-def _name(rng: random.Random, parts: int) -> str:
-    return "".join(rng.choice(_SYLLABLES) for _ in range(parts)).capitalize()
-
-
-def _unique_names(rng: random.Random, count: int, parts: int, taken: set[str]) -> list[str]:
-    names = []
-    while len(names) < count:
-        name = _name(rng, parts)
-        if name not in taken:
-            taken.add(name)
-            names.append(name)
-    return names
-
-
-def generate_site(seed: int = 0, num_people: int = 24):
-    """A fictional encyclopedia (towns, people, organisations) and 1-2 hop questions answered by its pages.
-
-    Returns:
-        (pages, tasks): the `SitePage`s and a `TaskList` named ``rapopedia``; each task's metadata lists
-        ``evidence`` (the slugs of the pages that hold the answer) and ``hops``.
-    """
-    if num_people < 1:
-        raise ValueError(f"num_people must be >= 1, got {num_people}")
-    rng = random.Random(seed)
-    taken: set[str] = set()
-    num_towns, num_orgs = max(2, num_people // 2), max(1, num_people // 3)
-    towns = [
-        {"name": name, "country": rng.choice(_COUNTRIES), "river": _name(rng, 2) + " River", "founded": rng.randint(900, 1700)}
-        for name in _unique_names(rng, num_towns, 3, taken)
-    ]
-    people = [
-        {"name": f"{first} {last}", "born": rng.randint(1800, 1990), "town": rng.choice(towns), "job": rng.choice(_PROFESSIONS)}
-        for first, last in zip(_unique_names(rng, num_people, 2, taken), _unique_names(rng, num_people, 3, taken))
-    ]
-    orgs = [
-        {"name": f"{name} Society", "founded": rng.randint(1850, 2010), "town": rng.choice(towns), "founder": rng.choice(people)}
-        for name in _unique_names(rng, num_orgs, 2, taken)
-    ]
-    for person in people:
-        person["employer"] = rng.choice(orgs)
-
+def knowledge_base_site(knowledge_base: KnowledgeBase) -> list[SitePage]:
+    """One page per passage of ``knowledge_base``, linking to the entities it relates to (so that an agent can
+    follow a question's chain page by page, as on a real encyclopedia)."""
     pages = []
-    for town in towns:
-        pages.append(SitePage(
-            slugify(town["name"]), town["name"],
-            (f"{town['name']} is a town in {town['country']}. It was founded in {town['founded']}.",
-             f"The {town['river']} flows through {town['name']}, and the town's old market lies on its banks."),
-        ))
-    for person in people:
-        town, org = person["town"], person["employer"]
-        pages.append(SitePage(
-            slugify(person["name"]), person["name"],
-            (f"{person['name']} (born {person['born']}) is a {person['job']} from {town['name']}.",
-             f"{person['name']} was born in {town['name']} in {person['born']} and later worked for the {org['name']}."),
-            ((town["name"], slugify(town["name"])), (org["name"], slugify(org["name"]))),
-        ))
-    for org in orgs:
-        pages.append(SitePage(
-            slugify(org["name"]), org["name"],
-            (f"The {org['name']} is a learned society founded in {org['founded']} by {org['founder']['name']}.",
-             f"Its headquarters are in {org['town']['name']}."),
-            ((org["founder"]["name"], slugify(org["founder"]["name"])), (org["town"]["name"], slugify(org["town"]["name"]))),
-        ))
-
-    tasks = []
-    for number, person in enumerate(people):
-        town, org = person["town"], person["employer"]
-        person_slug = slugify(person["name"])
-        questions = (
-            (f"In which town was {person['name']} born?", town["name"], (person_slug,), 1),
-            (f"In which country was the {person['job']} {person['name']} born?", town["country"], (person_slug, slugify(town["name"])), 2),
-            (f"Who founded the society that {person['name']} worked for?", org["founder"]["name"], (person_slug, slugify(org["name"])), 2),
-        )
-        question, answer, evidence, hops = questions[number % len(questions)]
-        tasks.append(Task(id=f"rapopedia-{seed}-{number}", question=question, answers=(answer,), source="rapopedia",
-                          metadata={"evidence": list(evidence), "hops": hops}))
-    return pages, TaskList("rapopedia", tasks)
+    for entity, passage in zip(knowledge_base.entities, knowledge_base.passages):
+        related = [knowledge_base.by_id[target].name for target in entity.relations.values() if target in knowledge_base.by_id]
+        pages.append(SitePage.from_passage(passage.title, passage.text, related))
+    return pages

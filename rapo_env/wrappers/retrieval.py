@@ -137,8 +137,10 @@ class StepTraceRetrievalWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
             raise ValueError("template must contain the placeholder {value}")
         if max_context_chars is not None and max_context_chars < 1:
             raise ValueError(f"max_context_chars must be positive or None, got {max_context_chars}")
+        # No deep copy: a retriever is a shared service (model, index, connection pool); the rest is immutable.
         gym.utils.RecordConstructorArgs.__init__(
             self,
+            _disable_deepcopy=True,
             retriever=retriever,
             retrieve_prob=retrieve_prob,
             topk=topk,

@@ -28,13 +28,12 @@ from typing import Any
 from rapo_tools.sandbox.config import SandboxConfig
 from rapo_tools.sandbox.local_backend import sandbox_environment
 from rapo_tools.sandbox.pool import PooledExecutor, SandboxUnavailableError, Worker, WorkerLostError
-from rapo_tools.sandbox.worker import worker_source
+from rapo_tools.sandbox.worker import FRAME_HEADER, encode_frame, worker_source
 
 WORKER_OVERHEAD_MB = 512
 """Container memory on top of ``memory_mb``: the warm interpreter and its preloaded modules."""
 
 _DOCKER_HEADER = struct.Struct(">BxxxI")
-_FRAME_HEADER = struct.Struct(">I")
 _STDOUT = 1
 
 
@@ -74,13 +73,13 @@ class StdStreamDemuxer:
 
     def next_message(self) -> dict[str, Any] | None:
         """The next complete protocol frame from the worker's stdout, or None."""
-        if len(self._stdout) < _FRAME_HEADER.size:
+        if len(self._stdout) < FRAME_HEADER.size:
             return None
-        (length,) = _FRAME_HEADER.unpack_from(self._stdout)
-        if len(self._stdout) < _FRAME_HEADER.size + length:
+        (length,) = FRAME_HEADER.unpack_from(self._stdout)
+        if len(self._stdout) < FRAME_HEADER.size + length:
             return None
-        body = bytes(self._stdout[_FRAME_HEADER.size:_FRAME_HEADER.size + length])
-        del self._stdout[:_FRAME_HEADER.size + length]
+        body = bytes(self._stdout[FRAME_HEADER.size:FRAME_HEADER.size + length])
+        del self._stdout[:FRAME_HEADER.size + length]
         return json.loads(body)
 
     def stderr_tail(self) -> str:
@@ -88,10 +87,12 @@ class StdStreamDemuxer:
         return self._stderr.decode("utf-8", "replace").strip()
 
 
-def worker_settings(config: SandboxConfig) -> dict[str, Any]:
+def worker_settings(config: SandboxConfig, light: bool = False) -> dict[str, Any]:
     """Settings of a containerised worker: the container is its pid namespace and its user is unprivileged."""
+    preload, warmup = config.worker_preload(light)
     return {
-        "preload": list(config.preload_modules),
+        "preload": list(preload),
+        "warmup": warmup,
         "scratch_dirs": ["/tmp", "/dev/shm"],
         "own_pid_namespace": True,
         "drop_to": None,
@@ -99,12 +100,12 @@ def worker_settings(config: SandboxConfig) -> dict[str, Any]:
     }
 
 
-def container_options(config: SandboxConfig) -> dict[str, Any]:
+def container_options(config: SandboxConfig, light: bool = False) -> dict[str, Any]:
     """Keyword arguments of ``client.containers.create`` for one worker container."""
     memory = f"{int(config.memory_mb) + WORKER_OVERHEAD_MB}m"
     return {
         "image": config.docker_image,
-        "command": [config.docker_python, "-I", "-c", worker_source(), json.dumps(worker_settings(config))],
+        "command": [config.docker_python, "-I", "-c", worker_source(), json.dumps(worker_settings(config, light))],
         "stdin_open": True,
         "tty": False,
         "network_mode": "none",
@@ -154,15 +155,16 @@ class DockerWorker(Worker):
                 raise WorkerLostError(f"the worker container stopped answering ({error})") from error
 
     async def request(self, message: dict[str, Any], timeout_s: float) -> dict[str, Any]:
-        from rapo_tools.sandbox.worker import encode_frame
-
         if not self.alive:
             raise WorkerLostError("the worker container had already stopped")
         try:
-            return await asyncio.to_thread(self.exchange, encode_frame(message), timeout_s)
+            reply = await asyncio.to_thread(self.exchange, encode_frame(message), timeout_s)
         except BaseException:
             await self.close()  # a half-finished exchange would desynchronise the protocol
             raise
+        if reply.get("worker_retiring"):
+            await self.close()
+        return reply
 
     async def close(self) -> None:
         if self.alive:
@@ -202,8 +204,8 @@ class DockerExecutor(PooledExecutor):
         super().__init__(config, self._spawn_worker)
         self.client = connect(config)
 
-    def _start_container(self) -> DockerWorker:
-        container = self.client.containers.create(**container_options(self.config))
+    def _start_container(self, light: bool) -> DockerWorker:
+        container = self.client.containers.create(**container_options(self.config, light))
         try:
             # Attach before starting, so that the worker's ready message cannot be missed.
             attached = container.attach_socket(params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1})
@@ -213,9 +215,9 @@ class DockerExecutor(PooledExecutor):
             raise
         return DockerWorker(container, attached)
 
-    async def _spawn_worker(self, slot: int) -> DockerWorker:
+    async def _spawn_worker(self, slot: int, light: bool) -> DockerWorker:
         try:
-            worker = await asyncio.to_thread(self._start_container)
+            worker = await asyncio.to_thread(self._start_container, light)
         except Exception as error:
             raise SandboxUnavailableError(f"worker container {slot} could not start: {error}") from error
         try:

@@ -9,6 +9,7 @@ Each worker is one ``bwrap`` sandbox holding a warm interpreter (see
 - a size-limited private tmpfs at ``/tmp`` (the working directory) and ``/dev/shm``,
   emptied after every call;
 - an empty environment (no host variables);
+- a seccomp filter that refuses new user namespaces (`rapo_tools.sandbox.seccomp`);
 - when rapo runs as root, the worker drops to a dedicated unprivileged uid before it
   imports anything, so RLIMIT_NPROC holds (the kernel does not enforce it for root) and
   root-only files stay unreadable; otherwise bubblewrap makes an unprivileged user
@@ -44,6 +45,7 @@ import warnings
 
 from rapo_tools.sandbox.config import SandboxConfig
 from rapo_tools.sandbox.pool import PooledExecutor, SandboxUnavailableError, StreamWorker, read_frame
+from rapo_tools.sandbox.seccomp import readable_fd, user_namespace_filter
 from rapo_tools.sandbox.worker import worker_source
 
 logger = logging.getLogger(__name__)
@@ -104,7 +106,7 @@ def _hidden_mounts(hidden_paths: tuple[str, ...], keep: list[str]) -> list[str]:
 
 
 def bwrap_arguments(config: SandboxConfig, bwrap: str, python: str, as_root: bool) -> list[str]:
-    """The full ``bwrap ... --`` prefix that isolates one worker."""
+    """The ``bwrap ...`` options that isolate one worker (the seccomp filter and ``--`` come at spawn time)."""
     scratch = str(int(config.scratch_mb) << 20)
     args = [
         bwrap,
@@ -125,16 +127,30 @@ def bwrap_arguments(config: SandboxConfig, bwrap: str, python: str, as_root: boo
         args += ["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
     else:
         args += ["--unshare-user", "--cap-drop", "ALL"]
-    return args + ["--"]
+    return args
+
+
+def with_seccomp(prefix: list[str]) -> tuple[list[str], list[int]]:
+    """``prefix`` plus the seccomp filter and ``--``; returns the arguments and the fds to pass (then close)."""
+    program = user_namespace_filter()
+    if not prefix or program is None:
+        return prefix + (["--"] if prefix else []), []
+    fd = readable_fd(program)
+    return prefix + ["--seccomp", str(fd), "--"], [fd]
 
 
 @functools.lru_cache(maxsize=None)
-def _probe(command: tuple[str, ...]) -> str | None:
+def _probe(prefix: tuple[str, ...], python: str) -> str | None:
     """Run a trivial program in the sandbox; None when it works, else why not."""
+    args, fds = with_seccomp(list(prefix))
     try:
-        completed = subprocess.run(list(command), capture_output=True, timeout=60, env={})
+        completed = subprocess.run(args + [python, "-I", "-c", "pass"], capture_output=True, timeout=60, env={},
+                                   pass_fds=fds)
     except (OSError, subprocess.TimeoutExpired) as error:
         return f"{type(error).__name__}: {error}"
+    finally:
+        for fd in fds:
+            os.close(fd)
     if completed.returncode != 0:
         return completed.stderr.decode("utf-8", "replace").strip()[-500:] or f"exit status {completed.returncode}"
     return None
@@ -156,7 +172,7 @@ class LocalSandboxExecutor(PooledExecutor):
         problem = "bubblewrap (bwrap) was not found" if bwrap is None else None
         if bwrap is not None:
             self.prefix = bwrap_arguments(config, bwrap, self.python, self.as_root)
-            problem = _probe(tuple(self.prefix + [self.python, "-I", "-c", "pass"]))
+            problem = _probe(tuple(self.prefix), self.python)
         self.isolated = problem is None
         if self.isolated:
             return
@@ -169,33 +185,41 @@ class LocalSandboxExecutor(PooledExecutor):
         logger.warning(message)
         self.prefix = []
 
-    def _worker_settings(self, scratch: str) -> dict:
+    def _worker_settings(self, scratch: str, light: bool) -> dict:
+        preload, warmup = self.config.worker_preload(light)
         drop_to = None
         if self.isolated and self.as_root:
             uid = self.config.sandbox_uid_base + (os.getpid() % 4096) * 256 + next(_uid_counter) % 256
             drop_to = [uid, SANDBOX_GID]
         return {
-            "preload": list(self.config.preload_modules),
+            "preload": list(preload),
+            "warmup": warmup,
             "scratch_dirs": ["/tmp", "/dev/shm"] if self.isolated else [scratch],
             "own_pid_namespace": self.isolated,  # never kill(-1) outside our own pid namespace
             "drop_to": drop_to,
             "limits": self.config.worker_limits(),
         }
 
-    async def _spawn_worker(self, slot: int) -> StreamWorker:
+    async def _spawn_worker(self, slot: int, light: bool) -> StreamWorker:
         scratch = "" if self.isolated else tempfile.mkdtemp(prefix="rapo-sandbox-")
-        settings = self._worker_settings(scratch)
+        settings = self._worker_settings(scratch, light)
         env = sandbox_environment() if self.isolated else {**sandbox_environment(), "TMPDIR": scratch, "HOME": scratch}
-        process = await asyncio.create_subprocess_exec(
-            *self.prefix, self.python, "-I", "-c", worker_source(), json.dumps(settings),
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            start_new_session=True,
-            env=env,
-            cwd=scratch or "/",
-            limit=1 << 27,
-        )
+        prefix, fds = with_seccomp(self.prefix)
+        try:
+            process = await asyncio.create_subprocess_exec(
+                *prefix, self.python, "-I", "-c", worker_source(), json.dumps(settings),
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                start_new_session=True,
+                env=env,
+                cwd=scratch or "/",
+                limit=1 << 27,
+                pass_fds=fds,
+            )
+        finally:
+            for fd in fds:
+                os.close(fd)
         assert process.stdin and process.stdout and process.stderr  # created with PIPE above
         stderr_tail: collections.deque[bytes] = collections.deque(maxlen=32)
         drain = asyncio.ensure_future(_keep_tail(process.stderr, stderr_tail))

@@ -4,7 +4,8 @@ Backends provide a ``spawn(slot) -> Worker`` coroutine; `WorkerPool` starts the 
 lazily on first use, hands them out one call at a time in arrival order, and replaces a
 worker that died (the code may kill it). `PooledExecutor` is the backend API
 (``run(code)`` / ``aclose()``) on top of a pool that every executor with the same config
-in this process shares, so many environments never start many pools.
+in this process shares, so many environments never start many pools. Code that imports
+only the standard library goes to light workers, whose forks are cheaper.
 
 Example:
     >>> import asyncio
@@ -29,22 +30,23 @@ Example:
 from __future__ import annotations
 
 import abc
+import ast
 import asyncio
 import collections
+import functools
+import json
 import os
-import struct
+import sys
 from collections.abc import Awaitable, Callable, Hashable
 from typing import Any
 
 from rapo_tools.base import ServiceUnavailableError, ToolResult
 from rapo_tools.sandbox.config import SandboxConfig
 from rapo_tools.sandbox.repl import format_execution_output, timeout_message
-from rapo_tools.sandbox.worker import encode_frame
+from rapo_tools.sandbox.worker import FRAME_HEADER, encode_frame
 
 REPLY_GRACE_S = 5.0
 """Seconds past the call's timeout the host waits for a worker's reply before declaring it lost."""
-
-_HEADER = struct.Struct(">I")
 
 
 class SandboxUnavailableError(ServiceUnavailableError):
@@ -71,9 +73,7 @@ class Worker(abc.ABC):
 
 async def read_frame(reader: asyncio.StreamReader) -> dict[str, Any]:
     """Read one length-prefixed JSON frame (see `rapo_tools.sandbox.worker`)."""
-    import json
-
-    (length,) = _HEADER.unpack(await reader.readexactly(_HEADER.size))
+    (length,) = FRAME_HEADER.unpack(await reader.readexactly(FRAME_HEADER.size))
     return json.loads(await reader.readexactly(length))
 
 
@@ -152,10 +152,9 @@ class WorkerPool:
             worker = await self._worker(slot)
             try:
                 return await worker.request(message, timeout_s)
-            except BaseException:
+            finally:
                 if not worker.alive and not self._closed:
                     self._start(slot)  # warm a replacement now, not on the next call
-                raise
         finally:
             self._slots.release(slot)
 
@@ -192,34 +191,74 @@ def reply_to_result(reply: dict[str, Any], timeout_s: float) -> ToolResult:
     return ToolResult(text=text, ok=ok, truncated=reply["truncated"], error=None if ok else "execution_error")
 
 
+def imports_only_stdlib(code: str) -> bool:
+    """True when every module ``code`` imports statically is in the standard library.
+
+    Such code can run in a light worker; code that imports anything else (numpy, sympy, ...) goes to a
+    full worker that has it preloaded. Unparsable code is light: it fails the same way anywhere.
+
+    Example:
+        >>> imports_only_stdlib("import math, itertools\\nfrom fractions import Fraction")
+        True
+        >>> imports_only_stdlib("import numpy as np")
+        False
+    """
+    try:
+        tree = ast.parse(code)
+    except (SyntaxError, ValueError):
+        return True
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [node.module]
+        else:
+            continue
+        if any(name.partition(".")[0] not in sys.stdlib_module_names for name in names):
+            return False
+    return True
+
+
 class PooledExecutor:
-    """Backend API over a process-wide pool shared by every executor with the same ``key``.
+    """Backend API over process-wide pools shared by every executor with the same config.
+
+    Two pools per config: full workers (every preloaded module, warmed up) and, with
+    ``config.light_pool``, light workers (standard-library modules only) for code that imports
+    nothing else. Which pool runs a call changes its speed, never its result.
 
     Args:
-        config: The sandbox settings (timeout, output cap, pool size).
-        spawn: Starts one worker for a slot; called on the portal loop.
+        config: The sandbox settings (timeout, output cap, pool size, preloads).
+        spawn: ``spawn(slot, light)`` starts one worker; called on the portal loop.
     """
 
-    def __init__(self, config: SandboxConfig, spawn: Callable[[int], Awaitable[Worker]]) -> None:
+    def __init__(self, config: SandboxConfig, spawn: Callable[[int, bool], Awaitable[Worker]]) -> None:
         self.config = config
         self._spawn = spawn
-        self._key = (type(self).__name__, config)
-        self._pool: WorkerPool | None = None
+        self._pools: dict[bool, WorkerPool] = {}
+        self._pid = os.getpid()
 
-    def _acquire_pool(self) -> WorkerPool:
-        entry = _shared_pools.get(self._key)
-        if entry is None:
-            entry = _shared_pools[self._key] = [WorkerPool(self._spawn, self.config.workers), 0]
-        entry[1] += 1
-        return entry[0]
+    def _key(self, light: bool) -> Hashable:
+        return (type(self).__name__, self.config, light)
+
+    def _pool(self, light: bool) -> WorkerPool:
+        if self._pid != os.getpid():
+            # Forked (e.g. into a vector-env worker): the parent's workers are not ours to use.
+            self._pools, self._pid = {}, os.getpid()
+        if light not in self._pools:
+            entry = _shared_pools.get(self._key(light))
+            if entry is None:
+                pool = WorkerPool(functools.partial(self._spawn, light=light), self.config.workers)
+                entry = _shared_pools[self._key(light)] = [pool, 0]
+            entry[1] += 1
+            self._pools[light] = entry[0]
+        return self._pools[light]
 
     async def run(self, code: str) -> ToolResult:
         """Execute ``code`` with REPL semantics in a fresh fork of a warm worker."""
-        if self._pool is None:
-            self._pool = self._acquire_pool()
+        light = self.config.light_pool and imports_only_stdlib(code)
         message = {"code": code, "timeout_s": self.config.timeout_s, "max_output_bytes": self.config.max_output_bytes}
         try:
-            reply = await self._pool.execute(message, self.config.timeout_s + REPLY_GRACE_S)
+            reply = await self._pool(light).execute(message, self.config.timeout_s + REPLY_GRACE_S)
         except WorkerLostError as error:
             return ToolResult(
                 text=f"The sandbox worker died during the call ({error}); the call was abandoned. "
@@ -230,17 +269,16 @@ class PooledExecutor:
         return reply_to_result(reply, self.config.timeout_s)
 
     async def aclose(self) -> None:
-        """Let go of the shared pool; the last executor to let go stops its workers."""
-        pool, self._pool = self._pool, None
-        if pool is None:
-            return
-        entry = _shared_pools.get(self._key)
-        if entry is None or entry[0] is not pool:
-            return  # the pool belongs to a parent process (we were forked) or is already gone
-        entry[1] -= 1
-        if entry[1] <= 0:
-            del _shared_pools[self._key]
-            await pool.close()
+        """Let go of the shared pools; the last executor to let go of a pool stops its workers."""
+        pools, self._pools = self._pools, {}
+        for light, pool in pools.items():
+            entry = _shared_pools.get(self._key(light))
+            if entry is None or entry[0] is not pool:
+                continue  # the pool belongs to a parent process (we were forked) or is already gone
+            entry[1] -= 1
+            if entry[1] <= 0:
+                del _shared_pools[self._key(light)]
+                await pool.close()
 
 
 class StreamWorker(Worker):
@@ -260,7 +298,7 @@ class StreamWorker(Worker):
         try:
             self._writer.write(encode_frame(message))
             await self._writer.drain()
-            return await asyncio.wait_for(read_frame(self._reader), timeout_s)
+            reply = await asyncio.wait_for(read_frame(self._reader), timeout_s)
         except BaseException as error:
             # A half-finished exchange would desynchronise the protocol: this worker is done for.
             await self.close()
@@ -268,6 +306,9 @@ class StreamWorker(Worker):
                 reason = "it stopped answering" if isinstance(error, asyncio.TimeoutError) else "it exited"
                 raise WorkerLostError(f"{reason}{self._describe_death()}") from error
             raise
+        if reply.get("worker_retiring"):
+            await self.close()
+        return reply
 
     async def close(self) -> None:
         if self.alive:

@@ -28,9 +28,8 @@ def make_executor(config: SandboxConfig):
         return DockerExecutor(config)
     from rapo_tools.sandbox.subprocess_backend import SubprocessExecutor
 
-    return SubprocessExecutor(
-        timeout_s=config.timeout_s, max_output_bytes=config.max_output_bytes, **({"python": config.python} if config.python else {})
-    )
+    python = {"python": config.python} if config.python else {}
+    return SubprocessExecutor(timeout_s=config.timeout_s, max_output_bytes=config.max_output_bytes, **python)
 
 
 class PythonSandbox:

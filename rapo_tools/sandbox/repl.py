@@ -62,7 +62,7 @@ sys.exit(_status)
 '''
 
 _SIGNAL_HINTS = {
-    signal.SIGKILL: "it was killed (SIGKILL): it probably ran out of memory or processes",
+    signal.SIGKILL: "it was killed (SIGKILL: a memory or process limit, or the code killed itself)",
     signal.SIGXCPU: "it used up its CPU time limit (SIGXCPU)",
     signal.SIGXFSZ: "it wrote a file larger than the file size limit (SIGXFSZ)",
     signal.SIGSEGV: "it crashed (SIGSEGV)",

@@ -10,8 +10,9 @@ serves requests over its stdin/stdout with length-prefixed JSON frames:
   (new session, rlimits, cwd = scratch), so no state survives a call;
 - the reply is ``{"stdout", "stderr", "exit_code", "timed_out", "truncated"}``.
 
-After every call it kills whatever the code left running and empties the scratch
-directories; if it cannot, it exits and the host starts a fresh worker.
+After every call, before replying, it kills whatever the code left running and empties
+the scratch directories; if it cannot, its reply says ``"worker_retiring": true`` and it
+exits, and the host starts a fresh worker.
 
 Example:
     >>> import json, subprocess, sys
@@ -28,13 +29,12 @@ import json
 import os
 import resource
 import select
-import shutil
 import signal
 import struct
 import sys
 import time
 
-_HEADER = struct.Struct(">I")
+FRAME_HEADER = struct.Struct(">I")
 _MAX_FRAME = 64 * 1024 * 1024
 _CLEANUP_WAIT_S = 2.0
 
@@ -42,15 +42,15 @@ _CLEANUP_WAIT_S = 2.0
 def encode_frame(message):
     """One protocol frame: a 4-byte big-endian length, then the JSON text."""
     body = json.dumps(message).encode("utf-8")
-    return _HEADER.pack(len(body)) + body
+    return FRAME_HEADER.pack(len(body)) + body
 
 
 def decode_frames(data):
     """Split a byte string of whole frames back into messages."""
     messages, offset = [], 0
-    while offset + _HEADER.size <= len(data):
-        (length,) = _HEADER.unpack_from(data, offset)
-        offset += _HEADER.size
+    while offset + FRAME_HEADER.size <= len(data):
+        (length,) = FRAME_HEADER.unpack_from(data, offset)
+        offset += FRAME_HEADER.size
         messages.append(json.loads(data[offset:offset + length]))
         offset += length
     return messages
@@ -76,10 +76,10 @@ def _read_exact(fd, size):
 
 
 def _receive(fd):
-    header = _read_exact(fd, _HEADER.size)
+    header = _read_exact(fd, FRAME_HEADER.size)
     if header is None:
         return None
-    (length,) = _HEADER.unpack(header)
+    (length,) = FRAME_HEADER.unpack(header)
     if length > _MAX_FRAME:
         raise ValueError(f"request frame of {length} bytes is too large")
     body = _read_exact(fd, length)
@@ -103,6 +103,14 @@ def _preload(names):
         except Exception as error:  # a missing optional module must not stop the worker
             failed[name] = f"{type(error).__name__}: {error}"
     return loaded, failed
+
+
+def _warm_up(code):
+    if code:
+        try:
+            exec(compile(code, "<warmup>", "exec"), {"__name__": "__warmup__"})
+        except Exception:  # warming is an optimisation only
+            pass
 
 
 def _address_space_bytes():
@@ -264,20 +272,27 @@ def _kill_leftovers():
     return True
 
 
-def _unlock(function, path, _info):
-    # The code may have removed permissions from its own files or directories.
-    os.chmod(os.path.dirname(path) or path, 0o700)
-    if os.path.isdir(path) and not os.path.islink(path):
-        os.chmod(path, 0o700)
-    function(path)
-
-
 def _empty_directory(path):
-    for entry in os.scandir(path):
-        if entry.is_dir(follow_symlinks=False):
-            shutil.rmtree(entry.path, onerror=_unlock)
+    """Remove everything below ``path``, however deep or locked (walking with chdir: no long paths)."""
+    os.chdir(path)
+    descended = []
+    while True:
+        subdirectory = None
+        for entry in os.scandir("."):
+            if entry.is_dir(follow_symlinks=False):
+                subdirectory = entry.name
+            else:
+                os.unlink(entry.name)
+        if subdirectory is not None:
+            os.chmod(subdirectory, 0o700)  # the code may have locked its own directories
+            os.chdir(subdirectory)
+            descended.append(subdirectory)
+        elif descended:
+            os.chdir("..")
+            os.rmdir(descended.pop())
         else:
-            os.unlink(entry.path)
+            break
+    os.chdir("/")
 
 
 def _clean_up(settings):
@@ -287,7 +302,7 @@ def _clean_up(settings):
         for path in settings["scratch_dirs"]:
             _empty_directory(path)
     except OSError:
-        return False
+        return False  # the worker exits; the host starts a fresh one with fresh scratch space
     return True
 
 
@@ -319,6 +334,7 @@ def main():
     if settings.get("drop_to"):
         _drop_privileges(settings["drop_to"])
     loaded, failed = _preload(settings["preload"])
+    _warm_up(settings.get("warmup", ""))
     _make_undumpable()
     sys.stdout.flush()
     sys.stderr.flush()
@@ -329,8 +345,11 @@ def main():
         request = _receive(proto_in)
         if request is None:
             return
-        _send(proto_out, _execute(request, settings))
-        if not _clean_up(settings):
+        reply = _execute(request, settings)
+        # Clean before replying, so that a worker that cannot go on retires with this reply.
+        reply["worker_retiring"] = not _clean_up(settings)
+        _send(proto_out, reply)
+        if reply["worker_retiring"]:
             sys.exit("leftover processes or files could not be removed")
 
 

@@ -110,20 +110,16 @@ def detect_format(path: str | os.PathLike) -> str:
             if not line.strip():
                 continue
             try:
-                json.loads(line)
+                value = json.loads(line)
             except ValueError:
                 return "json"  # a value that continues past the first line
-            stripped = line.lstrip()
-            # One-line JSON documents (a list or a title->sentences dict) are JSON, not JSONL.
-            if stripped.startswith(b"[") or (stripped.startswith(b"{") and not _looks_like_record(line)):
+            if isinstance(value, list):
                 return "json"
-            return "jsonl"
+            if not isinstance(value, dict):
+                raise CorpusFormatError(f"{path} starts with a JSON {type(value).__name__}, not a record or a document")
+            # One-line JSON documents (a title->sentences dict) are JSON, not JSONL.
+            return "jsonl" if any(key in value for key in ("contents", "text", "wikipedia_title")) else "json"
     raise CorpusFormatError(f"the corpus file {path} is empty")
-
-
-def _looks_like_record(line: bytes) -> bool:
-    record = json.loads(line)
-    return isinstance(record, dict) and any(key in record for key in ("contents", "text", "wikipedia_title"))
 
 
 def _resolve_format(path: str | os.PathLike, corpus_format: str) -> str:

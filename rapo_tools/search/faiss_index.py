@@ -131,9 +131,7 @@ def _empty_index(dimension: int, config: IndexConfig, num_train: int) -> Any:
     quantizer = faiss.IndexFlatIP(dimension) if config.metric == "ip" else faiss.IndexFlatL2(dimension)
     index = faiss.IndexIVFPQ(quantizer, dimension, nlist, config.pq_m, config.pq_nbits, metric)
     index.nprobe = config.ivf_nprobe
-    # The quantizer must outlive this function; FAISS only keeps a raw pointer.
-    index._rapo_quantizer = quantizer
-    return index
+    return index  # faiss's Python wrapper keeps the quantizer alive with the index
 
 
 def apply_search_params(index: Any, config: IndexConfig) -> None:
@@ -153,10 +151,8 @@ def to_gpu(index: Any) -> Any:
 
     if not gpu_available() or hasattr(index, "hnsw"):
         return index
-    resources = faiss.StandardGpuResources()
-    gpu_index = faiss.index_cpu_to_gpu(resources, 0, index)
-    gpu_index._rapo_resources = resources  # keep the GPU memory pool alive with the index
-    return gpu_index
+    # faiss's Python wrapper keeps the resources alive with the GPU index.
+    return faiss.index_cpu_to_gpu(faiss.StandardGpuResources(), 0, index)
 
 
 def _to_cpu(index: Any) -> Any:

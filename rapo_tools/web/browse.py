@@ -60,8 +60,8 @@ class BrowseTool(Tool):
             config = BrowseConfig(**config)
         self.config = config
         self.max_result_chars = config.max_result_chars
+        # The question of the current episode: the summariser keeps what bears on it (the env sets it on reset).
         self.question = ""
-        """The question of the current episode; the summariser keeps what bears on it (the env sets it)."""
         self._fetcher = PageFetcher(
             config.max_bytes, config.timeout_s, config.max_redirects, config.allow_private, tuple(config.allowed_origins)
         )

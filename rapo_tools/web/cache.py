@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import sqlite3
 import threading
 import time
@@ -107,12 +108,12 @@ class SearchCache:
         self._local = threading.local()
 
     def _connection(self) -> sqlite3.Connection:
-        # sqlite3 connections must not cross threads; each thread gets its own.
+        # sqlite3 connections must cross neither threads nor forks: each thread of each process opens its own.
         connection = getattr(self._local, "connection", None)
-        if connection is None:
+        if connection is None or getattr(self._local, "pid", None) != os.getpid():
             connection = sqlite3.connect(self.path, timeout=self._busy_timeout_s, check_same_thread=False)
             connection.execute(f"PRAGMA busy_timeout={int(self._busy_timeout_s * 1000)}")
-            self._local.connection = connection
+            self._local.connection, self._local.pid = connection, os.getpid()
             with self._lock:
                 self._connections.append(connection)
         return connection

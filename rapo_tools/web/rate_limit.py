@@ -37,13 +37,15 @@ class RateLimiter:
         self._tokens = float(burst)
         self._updated = time.monotonic()
         self._lock: asyncio.Lock | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     async def acquire(self) -> None:
         """Wait until one request may start."""
         if self.rate_per_s is None:
             return
-        if self._lock is None:
-            self._lock = asyncio.Lock()
+        loop = asyncio.get_running_loop()
+        if self._lock is None or self._loop is not loop:  # an asyncio.Lock belongs to one loop (forks, asyncio.run)
+            self._lock, self._loop = asyncio.Lock(), loop
         async with self._lock:  # one waiter at a time keeps the order fair
             while True:
                 now = time.monotonic()

@@ -19,6 +19,7 @@ import asyncio
 import dataclasses
 import logging
 import sqlite3
+import threading
 from typing import Any
 
 from rapo_tools.aio import run_sync
@@ -52,7 +53,8 @@ class WebSearchConfig:
     cache_path: str | None = None
     """SQLite file caching live results across runs and processes; None disables the disk cache."""
     rate_per_s: float | None = None
-    """Most requests per second sent to a live provider from this process; None: no limit."""
+    """Most requests per second sent to the provider's endpoint from this process (shared by all its search
+    tools); None: no limit."""
     burst: int = 1
     """Requests that may start together when the rate limiter has been idle."""
     timeout_s: float = 20.0
@@ -107,6 +109,19 @@ def make_provider(config: WebSearchConfig) -> SearchProvider:
     )
 
 
+_limiters: dict[tuple[str, str, float | None, int], RateLimiter] = {}
+_limiters_lock = threading.Lock()
+
+
+def shared_rate_limiter(provider: SearchProvider, rate_per_s: float | None, burst: int) -> RateLimiter:
+    """One limiter per provider endpoint and rate in this process: a provider's quota is per key, not per env."""
+    key = (provider.name, provider.endpoint, rate_per_s, burst)
+    with _limiters_lock:
+        if key not in _limiters:
+            _limiters[key] = RateLimiter(rate_per_s, burst)
+        return _limiters[key]
+
+
 def _open_cache(path: str) -> SearchCache | None:
     # A corrupt or unwritable cache file costs the cache, never the run.
     try:
@@ -130,7 +145,7 @@ class WebSearchTool(Tool):
         self.config = WebSearchConfig.from_value(config)
         self.provider = provider if provider is not None else make_provider(self.config)
         self._cache = _open_cache(self.config.cache_path) if self.config.cache_path else None
-        self._limiter = RateLimiter(self.config.rate_per_s, self.config.burst)
+        self._limiter = shared_rate_limiter(self.provider, self.config.rate_per_s, self.config.burst)
 
     async def search(self, query: str) -> list:
         """The normalised results of ``query`` (cached when a cache is configured)."""

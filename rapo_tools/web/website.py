@@ -1,9 +1,7 @@
 """A small web site on loopback: HTML pages plus a Bing-v7-compatible search endpoint.
 
-This is the offline web of ``RAPO-Web-v0``. The pages come from a corpus (the
-procedural knowledge base, or the fictional encyclopedia of
-`rapo_env.tasks.web_datasets.generate_site`); the
-server is real HTTP, so ``<browse>`` fetches real pages and the ``bing`` provider
+This is the offline web of ``RAPO-Web-v0``. The pages are the passages of a corpus
+(the procedural knowledge base); the server is real HTTP, so ``<browse>`` fetches real pages and the ``bing`` provider
 can be pointed at ``{base_url}/v7.0/search``.
 
 Routes: ``/`` (index of all pages), ``/wiki/{slug}``, ``/v7.0/search?q=&count=``
@@ -23,11 +21,13 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import html
-import re
 from collections.abc import Iterator, Sequence
 
+from fastapi import FastAPI, HTTPException, Query, Request
+from fastapi.responses import HTMLResponse
+
 from rapo_tools.serving import serve_in_thread
-from rapo_tools.web.providers.local import LocalProvider, WebDocument
+from rapo_tools.web.providers.local import LocalProvider, slugify
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,14 +47,15 @@ class SitePage:
     def path(self) -> str:
         return f"/wiki/{self.slug}"
 
+    @classmethod
+    def from_passage(cls, title: str, text: str, related_titles: Sequence[str] = ()) -> SitePage:
+        """The page of one corpus passage, at the path the `LocalProvider` gives it, linking to related pages."""
+        links = tuple((related, slugify(related)) for related in related_titles if related != title)
+        return cls(slugify(title), title, (text,), links)
+
     @property
     def text(self) -> str:
         return "\n".join(self.paragraphs)
-
-
-def slugify(title: str) -> str:
-    """A URL path segment for ``title``."""
-    return re.sub(r"[^a-z0-9]+", "-", title.lower()).strip("-") or "page"
 
 
 def render_page(page: SitePage) -> str:
@@ -79,17 +80,11 @@ def render_index(pages: Sequence[SitePage]) -> str:
     )
 
 
-def documents_of(pages: Sequence[SitePage]) -> list[WebDocument]:
-    """The pages as search documents with site-relative URLs."""
-    return [WebDocument(title=page.title, url=page.path, text=page.text) for page in pages]
-
-
 def build_site_app(pages: Sequence[SitePage], provider: LocalProvider | None = None):
     """The FastAPI app serving ``pages`` (and, when ``provider`` is given, the Bing-v7 search endpoint)."""
-    from fastapi import FastAPI, HTTPException, Query, Request
-    from fastapi.responses import HTMLResponse
-
     by_slug = {page.slug: page for page in pages}
+    if len(by_slug) != len(pages):
+        raise ValueError("two pages share a slug (titles that differ only in punctuation or case)")
     app = FastAPI(title="rapo offline web site")
 
     @app.get("/", response_class=HTMLResponse)

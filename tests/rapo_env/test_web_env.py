@@ -5,6 +5,7 @@ the rewards (reference, F1, EM, LLM judge over a loopback OpenAI-compatible endp
 import re
 
 import gymnasium as gym
+import httpx
 import pytest
 from gymnasium.utils.env_checker import check_env
 
@@ -14,8 +15,9 @@ from rapo_env.rewards.judge import LLMJudgeReward
 from rapo_env.tasks.base import Task
 from rapo_env.tasks.web_datasets import WEB_DATASET_FILES, load_web_dataset
 from rapo_tools.serving import serve_in_thread
+from rapo_tools.web.providers.local import page_path
 
-NUM_TASKS = 9
+SMALL_BASE = {"num_countries": 3, "num_towns": 8, "num_organizations": 6, "num_people": 16, "num_works": 8}
 _URL = re.compile(r"(?:URL: |-> )(http://\S+)")
 
 
@@ -27,26 +29,43 @@ def embedder(sentence_encoder):
 
 
 @pytest.fixture(scope="module")
-def env(embedder):
-    environment = gym.make("RAPO-Web-v0", num_tasks=NUM_TASKS, embedder=embedder, max_tool_calls=4)
+def web_options(embedder, tmp_path_factory):
+    """A small knowledge base, cached in a temporary folder, searched with the session's encoder."""
+    return {"knowledge_base": SMALL_BASE, "cache_dir": str(tmp_path_factory.mktemp("rapo-cache")), "embedder": embedder}
+
+
+@pytest.fixture(scope="module")
+def env(web_options):
+    environment = WebEnv(max_tool_calls=4, **web_options)
     yield environment
     environment.close()
 
 
+@pytest.fixture(scope="module")
+def task_indices(env):
+    """Three questions of each hop count (1, 2, 3)."""
+    by_hops = {1: [], 2: [], 3: []}
+    for index, task in enumerate(env.tasks):
+        if len(by_hops[task.metadata["hops"]]) < 3:
+            by_hops[task.metadata["hops"]].append(index)
+    return [index for indices in by_hops.values() for index in indices]
+
+
 class ScriptedWebAgent:
-    """Searches the question, then browses to the task's evidence pages (``evidence`` slugs) through the URLs in
-    the search results and the page links, and answers with what the last fetched page says: the gold answer only
-    if that page shows it, else "unknown". A wrong index, a dead browse or an unreachable site lower its reward."""
+    """Searches the first entity of the question's chain, browses to each evidence page in turn through the URLs
+    of the search results and of the page links, and answers with what the last fetched page says: the gold
+    answer only if that page shows it, else "unknown". A wrong index, a dead browse or a broken site lower its
+    reward."""
 
     def __init__(self, task: Task):
         self.task = task
-        self.evidence = list(task.metadata["evidence"])
+        self.evidence = [page_path(title) for title in task.metadata["evidence_titles"]]
 
-    def act(self, observation: str, prompt: str) -> str:
+    def act(self, observation: str) -> str:
         if not observation:
-            return f"<think>I will search the web.</think>\n<search>{prompt}</search>"
+            return f"<think>I will search the web.</think>\n<search>{self.task.metadata['search_queries'][0]}</search>"
         if self.evidence:
-            target = next((url for url in _URL.findall(observation) if url.endswith("/wiki/" + self.evidence[0])), None)
+            target = next((url for url in _URL.findall(observation) if url.endswith(self.evidence[0])), None)
             if target is not None:
                 self.evidence.pop(0)
                 return f"<think>This page should help.</think>\n<browse>{target}</browse>"
@@ -60,7 +79,7 @@ def run_episode(env, task_index: int):
     task = env.unwrapped.task
     agent, observation, steps = ScriptedWebAgent(task), "", []
     for _ in range(8):
-        action = agent.act(observation, prompt)
+        action = agent.act(observation)
         observation, reward, terminated, truncated, step_info = env.step(action)
         steps.append(step_info)
         if terminated or truncated:
@@ -73,28 +92,31 @@ def test_registered_as_nondeterministic():
     assert gym.spec("RAPO-Web-v0").nondeterministic is True
 
 
-def test_scripted_agent_solves_offline_episodes(env):
+def test_scripted_agent_solves_offline_episodes(env, task_indices):
     rewards, browsed, evidence_pages = [], 0, 0
-    for task_index in range(NUM_TASKS):
+    for task_index in task_indices:
         reward, steps, info = run_episode(env, task_index)
         assert info["tools"] == ["search", "browse"] and "<browse>" in info["system_prompt"]
         assert all(step["tool_ok"] in (True, None) for step in steps), steps
         assert steps[0]["tool"] == "search" and steps[-1]["episode_end"] == "answer"
         browsed += sum(step["tool"] == "browse" for step in steps)
-        evidence_pages += len(env.unwrapped.task.metadata["evidence"])
+        evidence_pages += len(env.task.metadata["evidence_titles"])
         rewards.append(reward)
-    # Every question's evidence page is found by search and fetched over HTTP (2-hop ones through page links).
-    assert rewards == [1.0] * NUM_TASKS
-    assert browsed == evidence_pages > NUM_TASKS
+    # Every evidence page is found (by search, then through page links) and fetched over HTTP.
+    assert rewards == [1.0] * len(task_indices)
+    assert browsed == evidence_pages > len(task_indices)
 
 
-def test_env_passes_the_gymnasium_checker(env):
-    check_env(env.unwrapped, skip_render_check=True)
+def test_env_passes_the_gymnasium_checker(web_options):
+    # Built directly: gym.make's spec would deep-copy the loaded embedder (the default env is checked by
+    # test_registered_envs.py).
+    with WebEnv(**web_options) as env:
+        check_env(env, skip_render_check=True)
 
 
 def test_info_never_leaks_the_answer(env):
     prompt, info = env.reset(options={"task_index": 0})
-    answer = env.unwrapped.task.answers[0]
+    answer = env.task.answers[0]
     _, _, _, _, step_info = env.step(f"<search>{prompt}</search>")
     assert answer not in repr(info) and answer not in repr(step_info)
 
@@ -109,34 +131,35 @@ def test_tool_failures_become_observations(env):
     assert terminated and reward == 0.0 and info["metrics"]["f1"] == 0.0
 
 
-def test_bing_provider_against_the_sites_v7_endpoint(embedder, monkeypatch):
+def test_bing_provider_against_the_sites_v7_endpoint(env, web_options, task_indices, monkeypatch):
     monkeypatch.setenv("RAPO_TEST_SITE_KEY", "any")
-    with WebEnv(num_tasks=NUM_TASKS, embedder=embedder) as local_env:
-        endpoint = f"{local_env.offline_web.base_url}/v7.0/search"
-    # A second env on the same site reaches it through the Bing v7 JSON over HTTP instead of in-process.
-    env = WebEnv(num_tasks=NUM_TASKS, embedder=embedder, search={"provider": "bing", "endpoint": endpoint,
-                                                                  "api_key_env": "RAPO_TEST_SITE_KEY"})
+    endpoint = f"{env.offline_web.base_url}/v7.0/search"
+    # A second env on the same site searches it through the Bing v7 JSON over HTTP instead of in-process.
+    bing_env = WebEnv(max_tool_calls=4, search={"provider": "bing", "endpoint": endpoint, "api_key_env": "RAPO_TEST_SITE_KEY"},
+                      **web_options)
     try:
-        reward, steps, _ = run_episode(env, 0)
+        assert bing_env.offline_web is env.offline_web  # one server and one index per process
+        reward, steps, _ = run_episode(bing_env, task_indices[-1])
         assert reward == 1.0 and steps[0]["tool_ok"]
     finally:
-        env.close()
+        bing_env.close()
+    assert httpx.get(f"{endpoint}?q=test").status_code == 200  # the first env's site is still up
 
 
-def test_f1_em_and_python_options(embedder):
-    env = WebEnv(num_tasks=NUM_TASKS, embedder=embedder, reward="em", python=True, sandbox="subprocess")
+def test_f1_em_and_python_options(web_options):
+    env = WebEnv(reward="em", python=True, sandbox="subprocess", **web_options)
     try:
         prompt, info = env.reset(options={"task_index": 0})
         assert info["tools"] == ["search", "browse", "python"]
         obs, *_ = env.step("<python>print(6 * 7)</python>")
         assert "42" in obs
         gold = env.task.answers[0]
-        *_, info = env.step(f"<answer>\\boxed{{the {gold} town}}</answer>")
+        *_, info = env.step(f"<answer>\\boxed{{{gold} perhaps}}</answer>")
         assert info["metrics"]["em"] == 0.0 and 0 < info["metrics"]["f1"] < 1
     finally:
         env.close()
     with pytest.raises(ValueError, match="judge"):
-        WebEnv(num_tasks=NUM_TASKS, embedder=embedder, reward="judge")
+        WebEnv(reward="judge", **web_options)
 
 
 def build_judge_app():
@@ -201,3 +224,18 @@ def test_benchmark_env_with_replayed_search(shared_data, monkeypatch):
         assert step_info["tool_error"] == "replay_miss" and "not in the recorded results" in obs
     finally:
         env.close()
+
+
+def test_judge_through_rapos_own_openai_server():
+    from rapo_agents.policies import ScriptedPolicy
+    from rapo_agents.policies.openai_server import create_app
+
+    def judge_rule(context: str) -> str:
+        return "Correct" if "Predicted answer: in London" in context else "Incorrect"
+
+    task = Task(id="t", question="Where was Ada Lovelace born?", answers=("London",), source="toy")
+    with serve_in_thread(create_app(ScriptedPolicy(judge_rule), model_name="judge")) as base_url:
+        judge = LLMJudgeReward({"base_url": f"{base_url}/v1", "model": "judge", "api_key_env": None}, ())
+        right, wrong = judge("<answer>\\boxed{in London}</answer>", task), judge("<answer>\\boxed{Paris}</answer>", task)
+        judge.close()
+    assert (right.reward, wrong.reward) == (1.0, 0.0) and right.metrics["judge_error"] == 0.0

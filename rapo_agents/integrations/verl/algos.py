@@ -133,6 +133,7 @@ def compute_policy_loss_rapo(
     rapo_config = rapo_config_from_actor(config)
     f_ret = None
     if rollout_is_weights is not None:
+        # With shaping weight 1, "f_ret" is m * F_ret: the factor minus one.
         f_ret = masked_mean(rollout_is_weights.to(log_prob.dtype), response_mask, dim=-1) - 1.0
     # rapo's token mean divides by the mask sum; verl's global batch info spreads it over data-parallel ranks.
     batch_info = getattr(config, "global_batch_info", None) or {}
@@ -148,5 +149,5 @@ def compute_policy_loss_rapo(
         "actor/pg_clipfrac_lower": out.dual_clip_fraction.item(),
     }
     if f_ret is not None:
-        metrics["actor/rapo_f_ret"] = masked_mean(f_ret, torch.ones_like(f_ret)).item()
+        metrics["actor/rapo_shaping_factor"] = 1.0 + f_ret.mean().item()
     return out.loss, metrics

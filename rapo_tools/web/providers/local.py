@@ -1,13 +1,16 @@
-"""Search a local corpus of web pages with rapo's own dense index (MiniLM embeddings + FAISS).
+"""Search a local corpus with rapo's own dense index (`rapo_tools.search.wiki_search.WikiSearch`).
 
-The offline default of ``RAPO-Web-v0``: the pages of a generated site (served on
-loopback by `rapo_tools.web.website`) are embedded once; a query returns the closest
-pages as normalised results, with the page's URL so that ``<browse>`` can open it.
+The offline default of ``RAPO-Web-v0``: the passages of the procedural knowledge base
+are the pages of a site served on loopback (`rapo_tools.web.website`), one page per
+passage at ``/wiki/<slug of its title>``; a query returns the closest pages as
+normalised results whose URLs ``<browse>`` can open.
 
 Example:
-    >>> docs = [WebDocument("Paris", "/wiki/paris", "Paris is the capital of France."),
-    ...         WebDocument("Nile", "/wiki/nile", "The Nile is a river in Africa.")]
-    >>> provider = LocalProvider(docs, url_prefix="http://127.0.0.1:8000")
+    >>> from rapo_tools.search.corpus import Passage
+    >>> from rapo_tools.search.wiki_search import WikiSearch
+    >>> wiki = WikiSearch.from_passages([Passage("0", "Paris", "Paris is the capital of France."),
+    ...                                  Passage("1", "Nile", "The Nile is a river in Africa.")])
+    >>> provider = LocalProvider(wiki, url_prefix="http://127.0.0.1:8000")
     >>> from rapo_tools.aio import run_sync
     >>> run_sync(provider.search("French capital city", 1))[0].url
     'http://127.0.0.1:8000/wiki/paris'
@@ -16,94 +19,55 @@ Example:
 from __future__ import annotations
 
 import asyncio
-import dataclasses
-from collections.abc import Sequence
-from typing import Any
+import re
 
-from rapo_tools.search.embedding import Embedder
-from rapo_tools.search.faiss_index import IndexConfig, build_index
+from rapo_tools.search.wiki_search import WikiSearch
 from rapo_tools.web.providers.base import SearchProvider
 from rapo_tools.web.results import SearchResult
 
 
-@dataclasses.dataclass(frozen=True)
-class WebDocument:
-    """One page of a local corpus."""
-
-    title: str
-    """The page title."""
-    url: str
-    """Its address; relative paths are joined to the provider's ``url_prefix``."""
-    text: str
-    """The page's text (embedded for search, and cut into the snippet)."""
+def slugify(title: str) -> str:
+    """The URL path segment of a page titled ``title``."""
+    return re.sub(r"[^a-z0-9]+", "-", title.lower()).strip("-") or "page"
 
 
-@dataclasses.dataclass
-class _SharedIndex:
-    documents: list[WebDocument]
-    embedder: Embedder
-    index: Any
+def page_path(title: str) -> str:
+    """Where the page of the passage titled ``title`` lives on the local site."""
+    return f"/wiki/{slugify(title)}"
 
 
 class LocalProvider(SearchProvider):
-    """Dense search over ``documents``.
+    """Dense search over a `WikiSearch` index, answering with site URLs.
 
     Args:
-        documents: The pages.
-        embedder: The sentence encoder (default: the embedded all-MiniLM-L6-v2).
-        url_prefix: Joined in front of relative document URLs (the loopback site's base URL).
-        snippet_chars: Length of the snippet cut from each page's text.
-        index_config: FAISS index settings (default: exact inner product, right for small corpora).
+        wiki: The in-process index and its passages.
+        url_prefix: The local site's base URL, joined in front of each page path.
+        snippet_chars: Length of the snippet cut from each passage.
     """
 
     name = "local"
 
-    def __init__(
-        self,
-        documents: Sequence[WebDocument],
-        embedder: Embedder | None = None,
-        url_prefix: str = "",
-        snippet_chars: int = 300,
-        index_config: IndexConfig | None = None,
-    ):
-        if not documents:
-            raise ValueError("the local search provider needs at least one document")
-        embedder = embedder or Embedder()
-        vectors = embedder.encode([f"{doc.title}\n{doc.text}" for doc in documents])
-        index = build_index(vectors, index_config or IndexConfig(kind="flat"), show_progress=False)
-        self._shared = _SharedIndex(list(documents), embedder, index)
+    def __init__(self, wiki: WikiSearch, url_prefix: str = "", snippet_chars: int = 300):
+        if snippet_chars < 1:
+            raise ValueError(f"snippet_chars must be >= 1, got {snippet_chars}")
+        self.wiki = wiki
         self.url_prefix = url_prefix.rstrip("/")
         self.snippet_chars = snippet_chars
-        self.endpoint = f"local:{len(documents)}:{self.url_prefix}"
+        self.endpoint = f"local:{len(wiki)}:{self.url_prefix}"
 
     def with_url_prefix(self, url_prefix: str) -> LocalProvider:
-        """The same corpus and index, with URLs under ``url_prefix`` (no re-embedding)."""
-        clone = object.__new__(LocalProvider)
-        clone._shared = self._shared
-        clone.url_prefix = url_prefix.rstrip("/")
-        clone.snippet_chars = self.snippet_chars
-        clone.endpoint = f"local:{len(self._shared.documents)}:{clone.url_prefix}"
-        return clone
-
-    @property
-    def documents(self) -> list[WebDocument]:
-        return self._shared.documents
+        """The same index with URLs under ``url_prefix`` (nothing is re-embedded)."""
+        return LocalProvider(self.wiki, url_prefix, self.snippet_chars)
 
     def search_sync(self, query: str, top_k: int) -> list[SearchResult]:
         """Blocking search (the async `search` runs it in a worker thread)."""
-        shared = self._shared
-        vectors = shared.embedder.encode([query])
-        _, ids = shared.index.search(vectors, min(top_k, len(shared.documents)))
         results = []
-        for doc_id in ids[0]:
-            if doc_id < 0:
-                continue
-            doc = shared.documents[int(doc_id)]
-            url = doc.url if "://" in doc.url else f"{self.url_prefix}{doc.url}"
-            snippet = " ".join(doc.text.split())
+        for hit in self.wiki.search([query], topk=top_k)[0]:
+            snippet = " ".join(hit.passage.text.split())
             if len(snippet) > self.snippet_chars:
                 snippet = snippet[: self.snippet_chars].rsplit(" ", 1)[0] + " ..."
-            results.append(SearchResult(title=doc.title, url=url, snippet=snippet))
+            url = f"{self.url_prefix}{page_path(hit.passage.title)}"
+            results.append(SearchResult(title=hit.passage.title, url=url, snippet=snippet))
         return results
 
     async def search(self, query: str, top_k: int) -> list[SearchResult]:

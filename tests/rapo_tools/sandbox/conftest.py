@@ -30,3 +30,10 @@ def single_worker_sandbox():
     """A one-worker local sandbox: consecutive calls land on the same worker, so leaks would show."""
     with PythonSandbox(SandboxConfig(pool_size=1, preload_modules=("math", "numpy"), **TEST_LIMITS)) as shared:
         yield shared
+
+
+@pytest.fixture(scope="module")
+def attack_sandbox():
+    """The sandbox under attack: one full worker (numpy, sympy preloaded), small limits."""
+    with PythonSandbox(SandboxConfig(pool_size=1, light_pool=False, **TEST_LIMITS)) as shared:
+        yield shared

@@ -8,6 +8,7 @@ that the follow-up call lands on the same worker the attack ran in.
 from __future__ import annotations
 
 import os
+import platform
 import socket
 import threading
 import uuid
@@ -20,9 +21,9 @@ pytestmark = pytest.mark.skipif(not os.path.isdir("/proc"), reason="the local sa
 
 
 @pytest.fixture(scope="module")
-def target(single_worker_sandbox):
-    """The sandbox under attack: one worker, small limits."""
-    return single_worker_sandbox
+def target(attack_sandbox):
+    """The sandbox under attack: one full worker, small limits."""
+    return attack_sandbox
 
 
 def _sandbox_uid_processes(config: SandboxConfig) -> list[int]:
@@ -44,7 +45,8 @@ def _sandbox_uid_processes(config: SandboxConfig) -> list[int]:
 def assert_still_healthy(sandbox: PythonSandbox) -> None:
     """The next ordinary call works, sees a clean scratch and no leftover processes."""
     result = sandbox.run_sync(
-        "import os\nothers = [p for p in os.listdir('/proc') if p.isdigit() and int(p) not in (1, os.getpid(), os.getppid())]\n"
+        "import os\n"
+        "others = [p for p in os.listdir('/proc') if p.isdigit() and int(p) not in (1, os.getpid(), os.getppid())]\n"
         "print(sum(range(10)), os.listdir('/tmp'), others)"
     )
     assert result.ok, result.text
@@ -74,7 +76,8 @@ def test_fork_bomb_is_capped_by_the_process_limit(target):
 
 
 def test_memory_bomb_hits_the_address_space_limit(target):
-    code = "blocks = []\nfor _ in range(48):\n    blocks.append(bytearray(64 << 20))\nprint(len(blocks))"  # 3 GiB at most
+    # 48 x 64 MiB = 3 GiB at most
+    code = "blocks = []\nfor _ in range(48):\n    blocks.append(bytearray(64 << 20))\nprint(len(blocks))"
     result = target.run_sync(code)
     assert not result.ok and "MemoryError" in result.text
     assert_still_healthy(target)
@@ -248,17 +251,40 @@ def test_killing_the_worker_or_pool_only_costs_that_call(target, code):
     assert_still_healthy(target)
 
 
-def test_ctypes_cannot_regain_privileges(target):
+def test_ctypes_cannot_regain_privileges_or_make_namespaces(target):
+    clone = {"x86_64": 56, "aarch64": 220}.get(platform.machine())
+    if clone is None:
+        pytest.skip(f"no clone syscall number known for {platform.machine()}")
     code = (
         "import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\n"
         "print('setuid', libc.setuid(0), os.getuid() == 0)\n"
         "print('ptrace', libc.ptrace(16, os.getppid(), 0, 0))\n"  # PTRACE_ATTACH to the worker
-        "print('kill-init', libc.kill(1, 9))\n"
-        "print('mount', libc.mount(b'none', b'/usr', b'tmpfs', 0, None))"
+        "print('mount', libc.mount(b'none', b'/usr', b'tmpfs', 0, None))\n"
+        "print('user-namespace', libc.unshare(0x10000000))\n"  # CLONE_NEWUSER: would allow unbounded tmpfs
+        f"print('clone-user-namespace', libc.syscall({clone}, 0x10000000 | 17, 0, 0, 0, 0))\n"
+        "killed_init = libc.kill(1, 9)"
     )
     result = target.run_sync(code)
     assert result.ok, result.text
-    assert result.text.splitlines() == ["setuid -1 False", "ptrace -1", "kill-init 0", "mount -1"] or (
-        "setuid -1 False" in result.text and "ptrace -1" in result.text and "mount -1" in result.text
-    )
+    assert result.text.splitlines() == [
+        "setuid -1 False", "ptrace -1", "mount -1", "user-namespace -1", "clone-user-namespace -1"
+    ]
     assert_still_healthy(target)
+
+
+def test_locked_or_deep_scratch_trees_are_still_removed(target):
+    code = (
+        "import os\n"
+        "os.makedirs('/tmp/a/b/c')\n"
+        "open('/tmp/a/b/c/f', 'w').write('x')\n"
+        "os.chmod('/tmp/a/b/c', 0)\n"
+        "os.chmod('/tmp/a', 0)\n"
+        "os.chdir('/dev/shm')\n"
+        "for _ in range(2000):\n"  # deeper than the worker's recursion limit
+        "    os.mkdir('d')\n"
+        "    os.chdir('d')\n"
+        "print('locked')"
+    )
+    assert target.run_sync(code).text == "locked\n"
+    assert_still_healthy(target)
+    assert target.run_sync("import os\nos.listdir('/dev/shm')").text == "[]\n"

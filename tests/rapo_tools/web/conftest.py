@@ -177,3 +177,17 @@ def test_web():
 @pytest.fixture(scope="session")
 def web_url(test_web) -> str:
     return test_web[0]
+
+
+@pytest.fixture
+def bing_key(monkeypatch) -> str:
+    """The name of an environment variable holding the test Bing key."""
+    monkeypatch.setenv("RAPO_TEST_BING_KEY", BING_KEY)
+    return "RAPO_TEST_BING_KEY"
+
+
+@pytest.fixture
+def brave_key(monkeypatch) -> str:
+    """The name of an environment variable holding the test Brave key."""
+    monkeypatch.setenv("RAPO_TEST_BRAVE_KEY", BRAVE_KEY)
+    return "RAPO_TEST_BRAVE_KEY"

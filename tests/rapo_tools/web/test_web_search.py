@@ -3,19 +3,12 @@
 from __future__ import annotations
 
 import pytest
-from conftest import BING_KEY, BRAVE_KEY
 
 from rapo_tools.aio import run_sync
 from rapo_tools.web.providers.bing import parse_bing
 from rapo_tools.web.search_tool import WebSearchConfig, WebSearchTool
 
 FAST_RETRIES = {"retries": 3, "backoff_s": 0.01, "timeout_s": 5.0}
-
-
-@pytest.fixture
-def bing_key(monkeypatch):
-    monkeypatch.setenv("RAPO_TEST_BING_KEY", BING_KEY)
-    return "RAPO_TEST_BING_KEY"
 
 
 def bing_tool(web_url: str, key_env: str, path: str = "/v7.0/search", **options) -> WebSearchTool:
@@ -83,9 +76,8 @@ def test_unreachable_provider_fails_cleanly(bing_key):
     assert not result.ok and result.error == "service_unavailable"
 
 
-def test_brave_provider(web_url, monkeypatch):
-    monkeypatch.setenv("RAPO_TEST_BRAVE_KEY", BRAVE_KEY)
-    config = {"provider": "brave", "endpoint": f"{web_url}/res/v1/web/search", "api_key_env": "RAPO_TEST_BRAVE_KEY", **FAST_RETRIES}
+def test_brave_provider(web_url, brave_key):
+    config = {"provider": "brave", "endpoint": f"{web_url}/res/v1/web/search", "api_key_env": brave_key, **FAST_RETRIES}
     with WebSearchTool(config) as tool:
         results = run_sync(tool.search("Nile river"))
     assert results[0].title == "Nile" and results[0].snippet == "About Nile" and results[0].url.endswith("/pages/nile")
@@ -127,3 +119,9 @@ def test_config_rejects_unknown_provider():
         WebSearchConfig(provider="altavista")
     with pytest.raises(ValueError, match="replay_path"):
         WebSearchTool({"provider": "replay"})
+
+
+def test_rate_limit_is_shared_by_tools_of_one_endpoint(web_url, bing_key):
+    with bing_tool(web_url, bing_key, rate_per_s=50.0) as first, bing_tool(web_url, bing_key, rate_per_s=50.0) as second:
+        assert first._limiter is second._limiter
+        assert first.call("Nile").ok and second.call("Nile").ok

@@ -1,0 +1,30 @@
+"""``rapo search``: build a knowledge-search index and serve it at ``POST /wikiSearch``.
+
+    rapo search build-index --corpus_path wiki-18.jsonl --index_path wiki.faiss [--index_type hnsw]
+    rapo search serve --index_path wiki.faiss [--corpus_path wiki-18.jsonl] --topk 3 --port 8000
+
+The flags are those of the reference scripts (``scripts/build_search_index.py``,
+``scripts/search_server.py``), which call the same functions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+from rapo_tools.search.server import add_build_arguments, add_serve_arguments, run_build, run_serve
+
+HELP = "Build a knowledge-search index (build-index) and serve it at POST /wikiSearch (serve)."
+
+_ACTIONS = {"build-index": run_build, "serve": run_serve}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
+    add_build_arguments(actions.add_parser("build-index", help="encode a corpus and save a FAISS index with its sidecar"))
+    add_serve_arguments(actions.add_parser("serve", help="serve an index at POST /wikiSearch with micro-batching"))
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    return _ACTIONS[args.action](args)

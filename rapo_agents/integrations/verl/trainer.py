@@ -1,0 +1,98 @@
+"""`RapoPPOTrainer`: verl's synchronous v1 trainer with RAPO's advantage step (``trainer.v1.trainer_mode=rapo``).
+
+verl's estimators and losses see a fixed set of tensors, so the one step that needs RAPO's extra
+data is overridden here, through verl's own ``register_trainer`` extension point:
+
+- ``_compute_advantage`` reads each rollout's ``extra_fields["rapo"]`` (written by
+  `RapoEnvAgentLoop`) and the actor's per-token entropies (verl computes them with the old
+  log-probs), computes ``Z_ret`` and ``F_ret`` with `protocol.retrieval_terms_from_fields`,
+  calls the registered ``rapo`` estimator with ``Z_ret``, and stores the shaping factor
+  ``1 + m * F_ret`` as ``rollout_is_weights`` for the registered ``rapo`` policy loss.
+
+RAPO's knobs live in a top-level ``rapo:`` section of the verl config (verl's ``algorithm``
+dataclass has no room for them): ``advantage_weight`` (0.2) and ``shaping_weight`` (0.05).
+
+Example (import only; running it needs verl's Ray workers and TransferQueue):
+    >>> from verl.trainer.ppo.v1 import get_trainer_cls
+    >>> from rapo_agents.integrations.verl.trainer import RapoPPOTrainer, TRAINER_NAME
+    >>> get_trainer_cls(TRAINER_NAME) is RapoPPOTrainer
+    True
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import transfer_queue as tq
+from tensordict import TensorDict
+from verl.protocol import DataProto
+from verl.trainer.ppo.v1.trainer_base import register_trainer
+from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
+from verl.workers.utils.padding import response_to_nested
+
+from rapo_agents.integrations.verl.algos import ESTIMATOR_NAME, compute_rapo_outcome_advantage
+from rapo_agents.integrations.verl.protocol import EXTRA_FIELD, retrieval_terms_from_fields, shaping_factor
+
+TRAINER_NAME = "rapo"
+"""``trainer.v1.trainer_mode`` value that selects this trainer."""
+
+
+def rapo_settings(config: Any) -> tuple[float, float]:
+    """``(advantage_weight, shaping_weight)`` from the config's ``rapo`` section (spec §8 defaults)."""
+    section = config.get("rapo", None) or {}
+    return float(section.get("advantage_weight", 0.2)), float(section.get("shaping_weight", 0.05))
+
+
+@register_trainer(TRAINER_NAME)
+class RapoPPOTrainer(PPOTrainerSync):
+    """verl's synchronous trainer whose advantage step is RAPO's (see the module docstring)."""
+
+    def __init__(self, config: Any):
+        algorithm = config.algorithm
+        if algorithm.adv_estimator != ESTIMATOR_NAME:
+            raise ValueError(f"trainer_mode=rapo needs algorithm.adv_estimator={ESTIMATOR_NAME}")
+        if algorithm.get("use_kl_in_reward", False):
+            raise ValueError("RAPO uses no in-reward KL penalty (spec §7): set algorithm.use_kl_in_reward=false")
+        correction = algorithm.get("rollout_correction", None) or {}
+        if correction.get("rollout_is") or correction.get("rollout_rs") or correction.get("bypass_mode", False):
+            raise ValueError(
+                "trainer_mode=rapo passes RAPO's shaping factor in rollout_is_weights and needs the actor's "
+                "entropies of a recomputed old policy: leave algorithm.rollout_correction at rollout_is=null, "
+                "rollout_rs=null, bypass_mode=false"
+            )
+        self.advantage_weight, self.shaping_weight = rapo_settings(config)
+        super().__init__(config)
+
+    def _compute_advantage(self, batch, metrics: dict):
+        fields = ["uid", "response_mask", "rm_scores", "entropy", "extra_fields"]
+        data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=fields)
+        nested_mask = data["response_mask"]
+        padded = DataProto(batch=data.to_padded_tensor())
+        uid = np.array(padded.batch.pop("uid").tolist(), dtype=object)
+        records = [(extra or {}).get(EXTRA_FIELD) for extra in padded.batch.pop("extra_fields").tolist()]
+        mask = padded.batch["response_mask"].float()
+        entropy = padded.batch["entropy"].float() * mask
+        z_ret, f_ret = retrieval_terms_from_fields(entropy, records)
+        advantages, returns = compute_rapo_outcome_advantage(
+            padded.batch["rm_scores"].float(),
+            mask,
+            uid,
+            retrieval_reward=z_ret,
+            advantage_weight=self.advantage_weight,
+        )
+        output = {
+            "advantages": response_to_nested(advantages, nested_mask),
+            "returns": response_to_nested(returns, nested_mask),
+            "rollout_is_weights": response_to_nested(shaping_factor(f_ret, mask, self.shaping_weight), nested_mask),
+        }
+        tq.kv_batch_put(
+            keys=batch.keys, partition_id=batch.partition_id, fields=TensorDict(output, batch_size=len(batch))
+        )
+        hybrid = np.array([bool(record and any(record["retrieved_after"])) for record in records])
+        metrics.update({
+            "rapo/z_ret_mean": z_ret.mean().item(),
+            "rapo/f_ret_mean": f_ret.mean().item(),
+            "rapo/rollouts_with_retrieval": float(hybrid.mean()) if hybrid.size else 0.0,
+        })
+        return batch

@@ -1,0 +1,71 @@
+"""Rewards of the knowledge tasks: exact match, token F1, substring match, and the reference reward.
+
+Every kind scores the policy's final answer (the ``\\boxed{}`` of its ``<answer>``, or the
+bare answer text) against each gold alias and keeps the best score. All kinds report the
+same metrics (``em``, ``f1``, ``substring``, ``format_ok``), so runs with different rewards
+stay comparable; only ``reward`` differs:
+
+- ``"f1"``, ``"em"``, ``"substring"``: that metric (0 without an answer);
+- ``"reference"``: spec §2 (-1 for bad format, else F1, +0.1 when both ``<search>`` and
+  ``<python>`` were used).
+
+Example:
+    >>> from rapo_env.tasks.base import Task
+    >>> task = Task(id="q", question="Capital of France?", answers=("Paris", "City of Paris"), source="toy")
+    >>> score = QAReward("f1")("<answer>\\\\boxed{the city of Paris}</answer>", task)
+    >>> score.reward, score.metrics["em"]
+    (1.0, 1.0)
+    >>> QAReward("reference")("<answer>Paris</answer>", task).reward   # no \\boxed{}: bad format
+    -1.0
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from rapo_env.protocol import TOOL_TAGS, check_format
+from rapo_env.rewards import Score
+from rapo_env.rewards.text import (
+    best_over_aliases,
+    exact_match,
+    final_answer,
+    reference_reward,
+    substring_match,
+    token_f1,
+)
+from rapo_env.tasks.base import Task
+
+QA_REWARD_KINDS = ("f1", "em", "substring", "reference")
+
+
+class QAReward:
+    """Scores a QA transcript against the task's gold aliases.
+
+    Args:
+        kind: One of `QA_REWARD_KINDS`.
+        tool_tags: The env's tool tags (the format check and the multi-tool bonus look at them).
+
+    Raises:
+        ValueError: an unknown ``kind``.
+    """
+
+    def __init__(self, kind: str = "f1", tool_tags: Iterable[str] = TOOL_TAGS):
+        if kind not in QA_REWARD_KINDS:
+            raise ValueError(f"unknown QA reward {kind!r}; use one of {QA_REWARD_KINDS}")
+        self.kind = kind
+        self.tool_tags = tuple(tool_tags)
+
+    def __call__(self, response: str, task: Task) -> Score:
+        prediction = final_answer(response)
+        metrics = {
+            "em": best_over_aliases(exact_match, prediction, task.answers) if prediction else 0.0,
+            "f1": best_over_aliases(token_f1, prediction, task.answers) if prediction else 0.0,
+            "substring": best_over_aliases(substring_match, prediction, task.answers) if prediction else 0.0,
+            "format_ok": float(check_format(response, self.tool_tags).ok),
+            "answered": float(prediction is not None),
+        }
+        if self.kind == "reference":
+            reward = reference_reward(response, task, self.tool_tags).reward
+        else:
+            reward = metrics[self.kind]
+        return Score(float(reward), metrics)

@@ -1,0 +1,112 @@
+"""Ray rollouts on a real local cluster match the local engine's trajectories under the same seeds.
+
+The step-trace service runs as a Ray Serve deployment, and every env (local and in the workers)
+reaches it over HTTP by URL, as it would reach a plain ``rapo buffer serve`` server.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import socket
+
+import pytest
+
+ray = pytest.importorskip("ray", reason="the [ray] extra is not installed")
+
+from rapo_agents.integrations.ray_rollout import (  # noqa: E402
+    PolicyActor,
+    RayRolloutEngine,
+    make_rollout_engine,
+    serve_retrieval,
+)
+from rapo_agents.policies import ScriptedPolicy  # noqa: E402
+from rapo_agents.rollout import RolloutConfig  # noqa: E402
+from rapo_buffers.candidates import Candidate, StaticRetriever  # noqa: E402
+from rapo_env.wrappers import StepTraceRetrievalWrapper  # noqa: E402
+
+ENV_KWARGS = {"num_tasks": 6, "sandbox": "subprocess"}
+TURNS = [
+    "<think>Compute it.</think>\n<python>\nprint(6 * 7)\n</python>",
+    "<think>Check.</think>\n<python>\nprint(6 * 7 + 0)\n</python>",
+    "<answer>\\boxed{42}</answer>",
+]
+TRACE = "<think>Multiply first.</think>\n<python>\nprint(3 * 14)\n</python> <result>\n42\n</result>"
+
+
+def retrieval_wrapper(url: str):
+    """Hybrid rollouts from index 1 on, spliced with probability 0.5: draws that a seed must fix."""
+    return functools.partial(
+        StepTraceRetrievalWrapper, retriever=url, retrieve_prob=0.5, no_retrieve_first_k=1, group_size=3, seed=5
+    )
+
+
+def comparable(trajectory):
+    record = dataclasses.asdict(trajectory)
+    record.pop("source")  # the policy's name: RemotePolicy behind an actor
+    return record
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def retrieval_url(ray_cluster):
+    from ray import serve
+
+    url = serve_retrieval(lambda: StaticRetriever([Candidate(TRACE, reward=1.0, score=0.9)]), http_port=free_port())
+    yield url
+    serve.shutdown()
+
+
+@pytest.fixture(scope="module")
+def local_trajectories(retrieval_url):
+    config = RolloutConfig(group_size=3, seed=11)
+    with make_rollout_engine("local", "RAPO-Math-v0", ScriptedPolicy(TURNS), config, ENV_KWARGS,
+                             [retrieval_wrapper(retrieval_url)]) as engine:
+        return engine.run([4, 0, 3], seed=11)
+
+
+def test_ray_workers_reproduce_the_local_trajectories(retrieval_url, local_trajectories):
+    config = RolloutConfig(group_size=3, seed=11)
+    streamed = []
+    with make_rollout_engine("ray", "RAPO-Math-v0", ScriptedPolicy(TURNS), config, ENV_KWARGS,
+                             [retrieval_wrapper(retrieval_url)], num_workers=2) as engine:
+        trajectories = engine.run([4, 0, 3], seed=11, on_trajectory=streamed.append)
+        stats = engine.stats
+    assert [comparable(t) for t in trajectories] == [comparable(t) for t in local_trajectories]
+    assert sorted((t.extra["group_index"], t.rollout_index) for t in streamed) == [
+        (g, i) for g in range(3) for i in range(3)
+    ]
+    spliced = [step for t in trajectories for step in t.steps if step.retrieval]
+    assert spliced and all(TRACE in step.retrieval["text"] for step in spliced)  # served by Ray Serve
+    assert all(t.extra["retrieval_tokens"] == 0 for t in trajectories if t.rollout_index == 0)
+    assert stats.episodes == 9 and stats.tool_calls == sum(t.num_tool_calls for t in trajectories)
+
+
+def test_a_policy_actor_serves_every_worker(retrieval_url, local_trajectories):
+    policy_actor = ray.remote(PolicyActor).options(num_cpus=0).remote(functools.partial(ScriptedPolicy, TURNS))
+    with RayRolloutEngine("RAPO-Math-v0", policy_actor, RolloutConfig(group_size=3, seed=11), ENV_KWARGS,
+                          [retrieval_wrapper(retrieval_url)], num_workers=2) as engine:
+        trajectories = engine.run([4, 0, 3])
+    assert [comparable(t) for t in trajectories] == [comparable(t) for t in local_trajectories]
+    assert {t.source for t in trajectories} == {"RemotePolicy"}
+
+
+def test_bad_settings_fail_clearly(ray_cluster):
+    with pytest.raises(ValueError, match="backend"):
+        make_rollout_engine("spark", "RAPO-Math-v0", ScriptedPolicy(TURNS))
+    with pytest.raises(ValueError, match="num_workers"):
+        RayRolloutEngine("RAPO-Math-v0", ScriptedPolicy(TURNS), num_workers=0)
+    with pytest.raises(ValueError, match="ray backend"):
+        make_rollout_engine("local", "RAPO-Math-v0", ScriptedPolicy(TURNS), num_workers=2)

@@ -1,0 +1,142 @@
+"""The trainer: batching, the PPO-style update, and the full loop on a tiny random model with real envs."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+
+from rapo_agents.batch import build_batch
+from rapo_agents.rapo import RAPOConfig, group_normalize
+from rapo_agents.update import UpdateSettings, ppo_update, recompute_logprobs, sequence_logprobs
+from rapo_env.trajectory import StepRecord, Trajectory
+
+
+def tiny_model(vocab_size: int = 64, seed: int = 0):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096)
+    return LlamaForCausalLM(config)
+
+
+def make_trajectory(index, reward, length=10, prompt=4, retrieval_after=None, entropies=(1.0, 0.5), retrieved=0):
+    """Two policy turns (3 tokens, then the rest) around a 2-token observation that may hold a splice."""
+    generator = torch.Generator().manual_seed(index)
+    token_ids = torch.randint(3, 60, (length,), generator=generator).tolist()
+    loss_mask = [0] * prompt + [1] * 3 + [0] * 2 + [1] * (length - prompt - 5)
+    spans = [(prompt + 3, prompt + 3 + retrieved)] if retrieved else []
+    steps = [
+        StepRecord(action="a", observation="o", token_start=prompt, token_end=prompt + 3, entropy_paper=entropies[0],
+                   entropy_reference=entropies[0] / 2,
+                   retrieval={"text": "r", "span": (0, 1)} if retrieval_after == 0 else None),
+        StepRecord(action="b", observation="", token_start=prompt + 5, token_end=length, entropy_paper=entropies[1],
+                   entropy_reference=entropies[1] / 2),
+    ]
+    return Trajectory(task_id=f"q{index // 4}", rollout_index=index % 4, question="q", system_prompt="", prompt="q",
+                      steps=steps, reward=reward, metrics={}, num_tool_calls=1, end_reason="answer", source="test",
+                      token_ids=token_ids, loss_mask=loss_mask, logprobs=[-1.0 * m for m in loss_mask],
+                      prompt_length=prompt, extra={"group_index": index // 4, "retrieval_token_spans": spans})
+
+
+def test_build_batch_computes_retrieval_reward_fraction_and_advantages():
+    trajectories = [
+        make_trajectory(0, 1.0),
+        make_trajectory(1, 0.0),
+        make_trajectory(2, 1.0, length=12, retrieval_after=0, entropies=(2.0, 1.0), retrieved=2),
+        make_trajectory(3, 0.0, retrieval_after=0, entropies=(1.0, 1.5), retrieved=1),
+    ]
+    batch = build_batch(trajectories, pad_token_id=0)
+    assert batch.retrievals.tolist() == [0, 0, 1, 1]
+    assert batch.z_ret[:2].tolist() == [0.0, 0.0]
+    assert batch.z_ret[2] > 0 > batch.z_ret[3]  # entropy drop vs rise
+    assert batch.z_ret[2].item() == pytest.approx(math.tanh(2 * 1.0 / (2 + 1e-6)) * 2.0, rel=1e-5)
+    assert batch.f_ret.tolist() == pytest.approx([0.0, 0.0, 2 / 8, 1 / 6])
+    reference = build_batch(trajectories, pad_token_id=0, config=RAPOConfig(fidelity="reference"))
+    assert reference.z_ret[2].item() == pytest.approx(batch.z_ret[2].item() / 2, rel=1e-4)  # Z scales with H
+
+    assert batch.input_ids.shape == (4, 12)
+    assert batch.attention_mask.sum(-1).tolist() == [10, 10, 12, 10]
+    assert batch.loss_mask[0].tolist()[:10] == trajectories[0].loss_mask
+    rewards = torch.tensor([1.0, 0.0, 1.0, 0.0])
+    a_acc = group_normalize(rewards, torch.zeros(4, dtype=torch.long))
+    a_ret = group_normalize(batch.z_ret, torch.zeros(4, dtype=torch.long))
+    torch.testing.assert_close(batch.advantages, a_acc * (1 + 0.2 * a_ret))
+    # Without retrievals the batch's advantages are GRPO's.
+    plain = build_batch(trajectories[:2], pad_token_id=0)
+    torch.testing.assert_close(plain.advantages, group_normalize(rewards[:2], torch.zeros(2, dtype=torch.long)))
+
+
+def test_retrieval_without_a_following_entropy_is_not_rewarded():
+    trajectory = make_trajectory(2, 1.0, retrieval_after=0, retrieved=1)
+    trajectory.steps[1].entropy_paper = None
+    assert build_batch([trajectory], pad_token_id=0).z_ret.tolist() == [0.0]
+
+
+def test_build_batch_rejects_incomplete_trajectories():
+    broken = make_trajectory(0, 1.0)
+    broken.logprobs = broken.logprobs[:-1]
+    with pytest.raises(ValueError, match="lengths"):
+        build_batch([broken], pad_token_id=0)
+    missing = make_trajectory(0, 1.0)
+    missing.token_ids = None
+    with pytest.raises(ValueError, match="token-level"):
+        build_batch([missing], pad_token_id=0)
+
+
+def test_sequence_logprobs_match_a_plain_forward_pass():
+    model = tiny_model()
+    ids = torch.randint(3, 60, (2, 9))
+    attention = torch.ones_like(ids)
+    attention[1, 7:] = 0
+    out = sequence_logprobs(model, ids, attention, first_position=3, with_entropy=True)
+    logits = model(input_ids=ids, attention_mask=attention).logits.float()
+    expected = torch.log_softmax(logits[:, :-1], -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+    torch.testing.assert_close(out.logprobs[:, 3:], expected[:, 2:], atol=1e-5, rtol=1e-5)
+    assert (out.logprobs[:, :3] == 0).all()
+    probs = torch.softmax(logits[:, :-1], -1)
+    torch.testing.assert_close(out.entropies[:, 3:], -(probs * probs.log()).sum(-1)[:, 2:], atol=1e-5, rtol=1e-5)
+
+
+def _batch(model):
+    trajectories = [make_trajectory(i, float(i % 2), length=10 + i % 3, retrieval_after=0 if i % 4 == 3 else None,
+                                    retrieved=2 if i % 4 == 3 else 0) for i in range(8)]
+    batch = build_batch(trajectories, pad_token_id=0)
+    settings = UpdateSettings(mini_batch_rows=8, micro_batch_size=8)
+    batch.old_logprobs = recompute_logprobs(model, batch, settings)
+    return batch
+
+
+def test_gradient_accumulation_equals_one_big_batch():
+    model = tiny_model()
+    batch = _batch(model)
+    results = []
+    for micro in (8, 3, 1):
+        clone = copy.deepcopy(model)
+        optimizer = torch.optim.AdamW(clone.parameters(), lr=1e-2)
+        stats = ppo_update(clone, optimizer, batch, RAPOConfig(), UpdateSettings(mini_batch_rows=8, micro_batch_size=micro))
+        results.append((torch.nn.utils.parameters_to_vector(clone.parameters()).detach(), stats))
+    base_vector, base_stats = results[0]
+    assert not torch.allclose(base_vector, torch.nn.utils.parameters_to_vector(model.parameters()))
+    for vector, stats in results[1:]:
+        torch.testing.assert_close(vector, base_vector, atol=1e-5, rtol=1e-4)
+        assert stats["loss/policy_loss"] == pytest.approx(base_stats["loss/policy_loss"], abs=1e-5)
+        assert stats["optim/grad_norm"] == pytest.approx(base_stats["optim/grad_norm"], rel=1e-4)
+    # At the first step the ratio is 1: nothing is clipped and the k1 KL is 0.
+    assert base_stats["loss/clip_fraction"] == 0.0
+    assert base_stats["loss/approx_kl"] == pytest.approx(0.0, abs=1e-6)
+
+
+def test_mini_batches_and_epochs_take_several_optimizer_steps():
+    model = tiny_model()
+    batch = _batch(model)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    stats = ppo_update(model, optimizer, batch, RAPOConfig(kl_coef=0.1),
+                       UpdateSettings(mini_batch_rows=4, micro_batch_size=2, ppo_epochs=2),
+                       reference_model=copy.deepcopy(model))
+    assert stats["optim/steps"] == 4
+    assert stats["loss/approx_kl"] != 0.0  # later mini-batches see a moved policy
+    assert stats["loss/kl"] > 0.0

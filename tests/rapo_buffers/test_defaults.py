@@ -1,0 +1,40 @@
+"""The embedded default buffer: built on first use into RAPO_CACHE_DIR, then loaded from the cache."""
+
+from __future__ import annotations
+
+import pytest
+
+from rapo_buffers.client import RetrievalClient
+from rapo_buffers.defaults import (
+    DefaultBufferConfig,
+    default_buffer_dir,
+    default_retriever,
+    ensure_default_buffer,
+    resolve_retriever,
+)
+from rapo_buffers.schema import read_buffer
+
+
+def test_built_once_then_cached(tmp_path, monkeypatch, embedder):
+    monkeypatch.setenv("RAPO_CACHE_DIR", str(tmp_path))
+    config = DefaultBufferConfig(num_tasks=4, index_kind="flat")
+    corpus_path, index_path = ensure_default_buffer(config, show_progress=False, embedder=embedder)
+    assert corpus_path.parent == default_buffer_dir(config) and str(corpus_path).startswith(str(tmp_path))
+    traces, _ = read_buffer(corpus_path)
+    assert len({trace.question_id for trace in traces}) == 4 and all(trace.source == "expert" for trace in traces)
+    stamp = (corpus_path.stat().st_mtime_ns, index_path.stat().st_mtime_ns)
+    assert ensure_default_buffer(config, show_progress=False, embedder=embedder) == (corpus_path, index_path)
+    assert (corpus_path.stat().st_mtime_ns, index_path.stat().st_mtime_ns) == stamp  # not rebuilt
+    retriever = default_retriever(config, show_progress=False, embedder=embedder)
+    assert retriever is default_retriever(config, show_progress=False, embedder=embedder)
+    best = retriever.retrieve([traces[1].key], topk=1)[0][0]
+    assert best.value == traces[1].value
+    assert default_buffer_dir(DefaultBufferConfig(num_tasks=5)) != default_buffer_dir(config)
+
+
+def test_resolve_retriever_strings():
+    assert isinstance(resolve_retriever("http://127.0.0.1:8001"), RetrievalClient)
+    with pytest.raises(ValueError):
+        resolve_retriever("ftp://nowhere")
+    with pytest.raises(ValueError):
+        DefaultBufferConfig(split="nonsense").digest()

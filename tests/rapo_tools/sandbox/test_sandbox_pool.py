@@ -1,0 +1,125 @@
+"""The worker pool: FIFO hand-out, bounded concurrency, restarts after a worker dies."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from rapo_tools.aio import run_sync
+from rapo_tools.sandbox.pool import SandboxUnavailableError, Worker, WorkerLostError, WorkerPool
+
+
+class RecordingWorker(Worker):
+    """Answers after a short pause, recording the order of requests and how many run at once."""
+
+    def __init__(self, log: list, active: list) -> None:
+        self.alive = True
+        self.log = log
+        self.active = active
+
+    async def request(self, message, timeout_s):
+        self.active[0] += 1
+        self.active[1] = max(self.active[1], self.active[0])
+        try:
+            self.log.append(message["code"])
+            await asyncio.sleep(0.01)
+            if message["code"] == "die":
+                self.alive = False
+                raise WorkerLostError("killed by the code")
+            return {"echo": message["code"]}
+        finally:
+            self.active[0] -= 1
+
+    async def close(self):
+        self.alive = False
+
+
+def _pool(size: int):
+    log, active, spawned = [], [0, 0], []
+
+    async def spawn(slot):
+        spawned.append(slot)
+        return RecordingWorker(log, active)
+
+    return WorkerPool(spawn, size), log, active, spawned
+
+
+@pytest.mark.parametrize("size", [1, 3])
+def test_calls_are_served_in_arrival_order_with_bounded_concurrency(size):
+    async def scenario():
+        pool, log, active, _ = _pool(size=size)
+        calls = []
+        for index in range(12):
+            calls.append(asyncio.ensure_future(pool.execute({"code": str(index)}, 1.0)))
+            await asyncio.sleep(0)  # arrivals are spread over time, as from many episodes
+        replies = await asyncio.gather(*calls)
+        await pool.close()
+        return log, active, replies
+
+    log, active, replies = run_sync(scenario())
+    assert active[1] == size  # never more calls at once than workers
+    assert [reply["echo"] for reply in replies] == [str(i) for i in range(12)]
+    # Calls start in arrival order, up to the few that share a round of free workers.
+    started = [int(code) for code in log]
+    assert all(index - size < position < index + size for position, index in enumerate(started))
+    if size == 1:
+        assert started == list(range(12))
+
+
+def test_a_cancelled_waiter_does_not_lose_its_place_for_others():
+    async def scenario():
+        pool, log, _, _ = _pool(size=1)
+        first = asyncio.ensure_future(pool.execute({"code": "a"}, 1.0))
+        await asyncio.sleep(0)
+        doomed = asyncio.ensure_future(pool.execute({"code": "b"}, 1.0))
+        last = asyncio.ensure_future(pool.execute({"code": "c"}, 1.0))
+        await asyncio.sleep(0)
+        doomed.cancel()
+        await asyncio.gather(first, last)
+        await pool.close()
+        return log
+
+    assert run_sync(scenario()) == ["a", "c"]
+
+
+def test_a_dead_worker_is_replaced():
+    async def scenario():
+        pool, log, _, spawned = _pool(size=1)
+        with pytest.raises(WorkerLostError):
+            await pool.execute({"code": "die"}, 1.0)
+        reply = await pool.execute({"code": "after"}, 1.0)
+        await pool.close()
+        return reply, spawned
+
+    reply, spawned = run_sync(scenario())
+    assert reply == {"echo": "after"} and spawned == [0, 0]
+
+
+def test_a_worker_that_cannot_start_is_reported_and_retried():
+    attempts = []
+
+    async def spawn(slot):
+        attempts.append(slot)
+        if len(attempts) == 1:
+            raise OSError("no such interpreter")
+        return RecordingWorker([], [0, 0])
+
+    async def scenario():
+        pool = WorkerPool(spawn, 1)
+        with pytest.raises(SandboxUnavailableError, match="no such interpreter"):
+            await pool.execute({"code": "x"}, 1.0)
+        reply = await pool.execute({"code": "y"}, 1.0)
+        await pool.close()
+        with pytest.raises(SandboxUnavailableError):
+            await pool.execute({"code": "z"}, 1.0)
+        return reply
+
+    assert run_sync(scenario()) == {"echo": "y"}
+
+
+def test_the_real_pool_restarts_a_killed_worker(single_worker_sandbox):
+    lost = single_worker_sandbox.run_sync("import os\nos.kill(os.getppid(), 9)")
+    assert not lost.ok and lost.error == "sandbox_worker_lost"
+    after = single_worker_sandbox.run_sync("import numpy\nprint(numpy.int64(2) ** 10)")
+    assert after.ok and after.text == "1024\n"
