@@ -56,7 +56,8 @@ def latency_site(delay_s: float):
     @app.get("/page/{number}", response_class=HTMLResponse)
     async def page(number: int) -> str:
         await asyncio.sleep(delay_s)
-        return f"<html><head><title>Page {number}</title></head><body><article><p>Fact number {number}.</p></article></body></html>"
+        body = f"<article><p>Fact number {number}.</p></article>"
+        return f"<html><head><title>Page {number}</title></head><body>{body}</body></html>"
 
     return app
 
@@ -85,8 +86,13 @@ def replay_rows(cache_file: Path) -> list[dict]:
     start = time.perf_counter()
     hits = sum(run_sync(provider.search(query.upper(), 10)) is not None for query in recorded)
     elapsed = time.perf_counter() - start
-    return [{"setting": f"replay, {len(recorded)} real queries (case changed)", "hits": hits,
-             "lookups_per_s": len(recorded) / elapsed}]
+    return [
+        {
+            "setting": f"replay, {len(recorded)} real queries (case changed)",
+            "hits": hits,
+            "lookups_per_s": len(recorded) / elapsed,
+        }
+    ]
 
 
 def main() -> None:
@@ -106,11 +112,21 @@ def main() -> None:
             median_ms({"cached": cached}, questions)  # fill the rest of the cache
             medians = median_ms(tools, questions)
     search_rows = [
-        {"setting": "bing v7 JSON over loopback HTTP, uncached (baseline)", "median_ms": medians["uncached"], "speedup": 1.0},
-        {"setting": "local provider, in-process", "median_ms": medians["local"],
-         "speedup": medians["uncached"] / medians["local"]},
-        {"setting": "bing v7 over HTTP, disk cache hit", "median_ms": medians["cached"],
-         "speedup": medians["uncached"] / medians["cached"]},
+        {
+            "setting": "bing v7 JSON over loopback HTTP, uncached (baseline)",
+            "median_ms": medians["uncached"],
+            "speedup": 1.0,
+        },
+        {
+            "setting": "local provider, in-process",
+            "median_ms": medians["local"],
+            "speedup": medians["uncached"] / medians["local"],
+        },
+        {
+            "setting": "bing v7 over HTTP, disk cache hit",
+            "median_ms": medians["cached"],
+            "speedup": medians["uncached"] / medians["cached"],
+        },
     ]
     pages = [f"{env.offline_web.base_url}{page.path}" for page in env.offline_web.pages]
     urls = (pages * 4)[: 64 if args.quick else 256]
@@ -120,27 +136,54 @@ def main() -> None:
     concurrent = pages_per_second(browser, urls, 16)
     env.close()
     delay_s = 0.1
-    with serve_in_thread(latency_site(delay_s)) as slow_url, BrowseTool({"allowed_origins": (slow_url,)}) as slow_browser:
+    with (
+        serve_in_thread(latency_site(delay_s)) as slow_url,
+        BrowseTool({"allowed_origins": (slow_url,)}) as slow_browser,
+    ):
         slow_urls = [f"{slow_url}/page/{number}" for number in range(32 if args.quick else 128)]
         slow_sequential = pages_per_second(slow_browser, slow_urls, 1)
         slow_concurrent = pages_per_second(slow_browser, slow_urls, 16)
     browse_rows = [
         {"setting": "offline site (CPU-bound), sequential (baseline)", "pages_per_s": sequential, "speedup": 1.0},
-        {"setting": "offline site (CPU-bound), 16 concurrent", "pages_per_s": concurrent, "speedup": concurrent / sequential},
-        {"setting": f"pages with {delay_s * 1e3:.0f} ms server latency, sequential (baseline)", "pages_per_s": slow_sequential,
-         "speedup": 1.0},
-        {"setting": f"pages with {delay_s * 1e3:.0f} ms server latency, 16 concurrent", "pages_per_s": slow_concurrent,
-         "speedup": slow_concurrent / slow_sequential},
+        {
+            "setting": "offline site (CPU-bound), 16 concurrent",
+            "pages_per_s": concurrent,
+            "speedup": concurrent / sequential,
+        },
+        {
+            "setting": f"pages with {delay_s * 1e3:.0f} ms server latency, sequential (baseline)",
+            "pages_per_s": slow_sequential,
+            "speedup": 1.0,
+        },
+        {
+            "setting": f"pages with {delay_s * 1e3:.0f} ms server latency, 16 concurrent",
+            "pages_per_s": slow_concurrent,
+            "speedup": slow_concurrent / slow_sequential,
+        },
     ]
     data = Path(os.environ.get("RAPO_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
     cache_file = data / "web" / "arpo_search_cache.json"
     replay = replay_rows(cache_file) if cache_file.is_file() else []
-    report("web_search", f"Web search latency ({len(questions)} knowledge-base questions)", ["setting", "median_ms", "speedup"],
-           search_rows, {"browse": browse_rows, "replay": replay})
-    report("web_browse", "Browse throughput (fetch + trafilatura extraction)", ["setting", "pages_per_s", "speedup"],
-           browse_rows)
+    report(
+        "web_search",
+        f"Web search latency ({len(questions)} knowledge-base questions)",
+        ["setting", "median_ms", "speedup"],
+        search_rows,
+        {"browse": browse_rows, "replay": replay},
+    )
+    report(
+        "web_browse",
+        "Browse throughput (fetch + trafilatura extraction)",
+        ["setting", "pages_per_s", "speedup"],
+        browse_rows,
+    )
     if replay:
-        report("web_replay", "Replay of the reference's recorded Bing results", ["setting", "hits", "lookups_per_s"], replay)
+        report(
+            "web_replay",
+            "Replay of the reference's recorded Bing results",
+            ["setting", "hits", "lookups_per_s"],
+            replay,
+        )
 
 
 if __name__ == "__main__":

@@ -35,9 +35,16 @@ INDEX_KIND = "step_trace"
 """The sidecar's ``kind``: tells a step-trace index from a knowledge-search one."""
 
 
-def normalization_settings(max_chars: int = MAX_CONTEXT_CHARS) -> dict[str, Any]:
-    """What the sidecar records about how keys were normalised."""
-    return {"drop_system_prompt": True, "strip_special_tokens": True, "max_chars": max_chars}
+def step_index_sidecar(
+    model_name: str, corpus_path: str | os.PathLike[str] | None, max_chars: int = MAX_CONTEXT_CHARS
+) -> dict[str, Any]:
+    """The sidecar fields of a step-trace index (`save_index` adds count, dimension and config)."""
+    return {
+        "kind": INDEX_KIND,
+        "model": model_name,
+        "corpus_path": None if corpus_path is None else os.fspath(corpus_path),
+        "normalization": {"drop_system_prompt": True, "strip_special_tokens": True, "max_chars": max_chars},
+    }
 
 
 def _embedded_chunks(
@@ -86,11 +93,5 @@ def build_step_index(
         total=len(keys),
         show_progress=show_progress,
     )
-    sidecar = {
-        "kind": INDEX_KIND,
-        "model": embedder.model_name,
-        "corpus_path": None if corpus_path is None else os.fspath(corpus_path),
-        "normalization": normalization_settings(max_chars),
-    }
-    save_index(index, index_path, sidecar, config)
+    save_index(index, index_path, step_index_sidecar(embedder.model_name, corpus_path, max_chars), config)
     return load_sidecar(index_path)

@@ -1,4 +1,4 @@
-"""The ``<python>`` tool: runs model-written code in the configured sandbox backend.
+"""The ``<python>`` tool: runs model-written code in the configured sandbox backend (default: ``local``).
 
 Example:
     >>> tool = PythonTool(sandbox="subprocess")

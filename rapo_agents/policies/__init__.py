@@ -28,6 +28,7 @@ _LAZY = {
     "default_policy_path": "rapo_agents.policies.hf",
     "VLLMPolicy": "rapo_agents.policies.vllm",
     "OpenAIPolicy": "rapo_agents.policies.openai",
+    "make_policy": "rapo_agents.policies.factory",
 }
 
 __all__ = [

@@ -108,6 +108,7 @@ class HFPolicy:
         self.model = model
         self.tokenizer = tokenizer
         self.max_batch_size = max_batch_size
+        self.name = f"hf:{getattr(model.config, '_name_or_path', '') or type(model).__name__}"
         eos = {tokenizer.eos_token_id}
         generation_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
         eos.update(generation_eos if isinstance(generation_eos, list) else [generation_eos])
@@ -177,7 +178,7 @@ class HFPolicy:
             for start in range(0, len(order), self.max_batch_size):
                 chunk = order[start : start + self.max_batch_size]
                 for index, generation in zip(chunk, self._generate_batch([contexts[i] for i in chunk],
-                                                                         [params[i] for i in chunk])):
+                                                                         [params[i] for i in chunk]), strict=True):
                     results[index] = generation
         return results  # type: ignore[return-value]
 
@@ -195,7 +196,7 @@ class HFPolicy:
     def _generate_batch(self, contexts: list[list[int]], params: list[SamplingParams]) -> list[Generation]:
         device = self.device
         batch = len(contexts)
-        budgets = [min(p.max_new_tokens, self.max_context - len(c)) for c, p in zip(contexts, params)]
+        budgets = [min(p.max_new_tokens, self.max_context - len(c)) for c, p in zip(contexts, params, strict=True)]
         width = max(len(c) for c in contexts)
         input_ids = torch.full((batch, width), self.pad_token_id, dtype=torch.long)
         attention = torch.zeros((batch, width), dtype=torch.long)
@@ -206,7 +207,7 @@ class HFPolicy:
         positions = (attention.cumsum(-1) - 1).clamp(min=0)
         next_position = attention.sum(-1, keepdim=True)
 
-        rows = [_RowState(p, budget, self._row_generator(p, device)) for p, budget in zip(params, budgets)]
+        rows = [_RowState(p, budget, self._row_generator(p, device)) for p, budget in zip(params, budgets, strict=True)]
         live = [i for i in range(batch) if rows[i].budget > 0]
         for i in range(batch):
             if rows[i].budget <= 0:
@@ -266,7 +267,7 @@ class HFPolicy:
         top = None
         if k:
             values, ids = logprobs.topk(min(k, logprobs.shape[-1]), dim=-1)
-            top = list(zip(values.tolist(), ids.tolist()))
+            top = list(zip(values.tolist(), ids.tolist(), strict=True))
 
         tokens = logits.argmax(-1)
         sampled = [i for i, r in enumerate(rows) if not r.params.greedy]

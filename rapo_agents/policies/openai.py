@@ -119,7 +119,7 @@ class OpenAIPolicy:
                     return Generation(token_ids=[], text="", finish_reason="error",
                                       error=f"{type(error).__name__}: {error}")
 
-        return list(await asyncio.gather(*(one(c, p) for c, p in zip(contexts, params))))
+        return list(await asyncio.gather(*(one(c, p) for c, p in zip(contexts, params, strict=True))))
 
     async def _first_model(self) -> str | None:
         try:

@@ -1,4 +1,4 @@
-"""A small OpenAI-compatible server for any rapo `Policy`: ``/v1/completions``, ``/v1/chat/completions``, ``/v1/models``.
+"""An OpenAI-compatible server for any rapo `Policy`: ``/v1/completions``, ``/v1/chat/completions``, ``/v1/models``.
 
 It lets HTTP clients (`OpenAIPolicy`, LLM-judge and summariser code, any OpenAI SDK)
 talk to a local model, e.g. SmolLM2 on the CPU. Concurrent requests are micro-batched:
@@ -90,7 +90,7 @@ class _Batcher:
                 results = await asyncio.to_thread(self.policy.generate, [i[0] for i in items], [i[1] for i in items])
             except Exception as error:  # a failing policy fails these requests, not the server
                 results = [error] * len(items)
-            for (_, _, future), result in zip(items, results):
+            for (_, _, future), result in zip(items, results, strict=True):
                 if future.done():
                     continue
                 if isinstance(result, Exception):
@@ -186,7 +186,8 @@ def create_app(policy: Policy, model_name: str = "rapo-policy", default_max_toke
         choices = []
         for index, generation in enumerate(generations):
             reason, stop_reason = finish(generation)
-            choice: dict[str, Any] = {"index": index, "text": _visible_text(generation, request.include_stop_str_in_output),
+            text = _visible_text(generation, request.include_stop_str_in_output)
+            choice: dict[str, Any] = {"index": index, "text": text,
                                       "finish_reason": reason, "stop_reason": stop_reason, "logprobs": None}
             if request.logprobs is not None:
                 choice["logprobs"] = _completion_logprobs(tokenizer, generation)
@@ -230,7 +231,7 @@ def _top_pairs(tokenizer: Any, generation: Generation, position: int) -> list[tu
         ids = [generation.token_ids[position]] * len(values)
     to_tokens = getattr(tokenizer, "convert_ids_to_tokens", None)
     names = to_tokens(list(ids)) if to_tokens is not None else _token_strings(tokenizer, ids)
-    return list(zip(names, values))
+    return list(zip(names, values, strict=True))
 
 
 def _completion_logprobs(tokenizer: Any, generation: Generation) -> dict[str, Any]:
@@ -253,7 +254,7 @@ def _chat_logprobs(tokenizer: Any, generation: Generation, top: int) -> list[dic
     return [
         {"token": token, "logprob": logprob,
          "top_logprobs": [{"token": t, "logprob": lp} for t, lp in _top_pairs(tokenizer, generation, i)[:top]]}
-        for i, (token, logprob) in enumerate(zip(tokens, logprobs))
+        for i, (token, logprob) in enumerate(zip(tokens, logprobs, strict=True))
     ]
 
 

@@ -69,8 +69,11 @@ class ByteTokenizer:
     def convert_ids_to_tokens(self, token_ids: Sequence[int]) -> list[str]:
         """One unique string per id: printable ASCII bytes as themselves, others as ``<0xHH>``."""
         special = {self.pad_token_id: "<pad>", self.bos_token_id: "<s>", self.eos_token_id: self.eos_token}
-        return [special.get(t) or (chr(t - self.offset) if 32 <= t - self.offset < 127 else f"<0x{t - self.offset:02X}>")
-                for t in token_ids]
+        names = []
+        for token in token_ids:
+            byte = token - self.offset
+            names.append(special.get(token) or (chr(byte) if 32 <= byte < 127 else f"<0x{byte:02X}>"))
+        return names
 
     def apply_chat_template(
         self, messages: Sequence[dict[str, str]], tokenize: bool = False, add_generation_prompt: bool = True, **_: Any
@@ -105,6 +108,7 @@ class ScriptedPolicy:
         self.turns = turns
         self.tokenizer = tokenizer if tokenizer is not None else ByteTokenizer()
         self.end_with_eos = end_with_eos
+        self.name = "scripted"
 
     def _next_turn(self, context_text: str, stops: Sequence[str]) -> str:
         if callable(self.turns):
@@ -124,7 +128,7 @@ class ScriptedPolicy:
         contexts = check_contexts(contexts)
         return [
             self._generate_one(context, params)
-            for context, params in zip(contexts, per_context_sampling(contexts, sampling))
+            for context, params in zip(contexts, per_context_sampling(contexts, sampling), strict=True)
         ]
 
     def _generate_one(self, context: list[int], params: SamplingParams) -> Generation:

@@ -91,7 +91,7 @@ class VLLMPolicy:
             for p in params
         ]
         outputs = self.llm.generate([{"prompt_token_ids": c} for c in contexts], vllm_params, use_tqdm=False)
-        return [self._to_generation(output.outputs[0], p) for output, p in zip(outputs, params)]
+        return [self._to_generation(output.outputs[0], p) for output, p in zip(outputs, params, strict=True)]
 
     def _to_generation(self, completion: Any, p: SamplingParams) -> Generation:
         token_ids = list(completion.token_ids)
@@ -99,7 +99,7 @@ class VLLMPolicy:
         logprobs = tops = None
         if completion.logprobs:
             logprobs, tops = [], []
-            for token, candidates in zip(token_ids, completion.logprobs):
+            for token, candidates in zip(token_ids, completion.logprobs, strict=True):
                 chosen = candidates.get(token)
                 logprobs.append(float(chosen.logprob) if chosen is not None else 0.0)
                 ranked = sorted((c for c in candidates.values() if c.rank is not None and c.rank <= p.top_logprobs),

@@ -79,7 +79,7 @@ def collate_trajectories(trajectories: Sequence[Trajectory], pad_token_id: int) 
 
     lengths = [len(t.token_ids) for t in trajectories]
     retrieval_rows = []
-    for t, length in zip(trajectories, lengths):
+    for t, length in zip(trajectories, lengths, strict=True):
         row = torch.zeros(length, dtype=torch.bool)
         for start, end in t.extra.get("retrieval_token_spans", []):
             row[start:end] = True
@@ -108,7 +108,7 @@ def collate_trajectories(trajectories: Sequence[Trajectory], pad_token_id: int) 
         "group_ids": as_long(group_ids_of(trajectories)),
         "rollout_index": as_long([t.rollout_index for t in trajectories]),
         "prompt_lengths": as_long([t.prompt_length or 0 for t in trajectories]),
-        "response_lengths": as_long([n - (t.prompt_length or 0) for t, n in zip(trajectories, lengths)]),
+        "response_lengths": as_long([n - (t.prompt_length or 0) for t, n in zip(trajectories, lengths, strict=True)]),
         "num_tool_calls": as_long([t.num_tool_calls for t in trajectories]),
         "retrieval_tokens": as_long([int(t.extra.get("retrieval_tokens", 0)) for t in trajectories]),
         "step_mask": step_table(lambda s: True, torch.bool, False),

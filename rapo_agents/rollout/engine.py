@@ -3,7 +3,8 @@
 Each round batches one generation over every episode that waits for the policy; the
 env steps of the finished generations (tool calls, retrieval) run concurrently in a
 thread pool, and, with ``overlap=True``, alongside the next generation batch: tool
-results that arrive within ``batch_wait_s`` join the batch, slower ones join the next.
+results that arrive within ``batch_wait_s`` (adaptive by default) join the batch, slower
+ones join the next.
 
 The i-th rollout of a group is reset with ``options={"task_index": q, "rollout_index": i}``
 and a seed derived from (run seed, q, i), so results do not depend on which pooled env
@@ -79,8 +80,11 @@ class RolloutConfig:
     """Threads that run env steps (tool calls) concurrently."""
     overlap: bool = True
     """Generate for ready episodes while other episodes' tools still run (False: strict rounds)."""
-    batch_wait_s: float = 0.05
-    """With ``overlap``, how long to wait for running tools to join a generation batch."""
+    batch_wait_s: float | None = None
+    """With ``overlap``, how long to wait for running tools to join a generation batch. None: adaptive,
+    half the mean duration of a generate call, so that slow generation (HF on CPU, where a batch of 8
+    costs about what a batch of 1 does) is not split into small batches, while fast generation is
+    not held up by slow tools."""
     show_progress: bool = False
     """Show a tqdm bar of finished episodes."""
 
@@ -91,8 +95,8 @@ class RolloutConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.max_turn_tokens is not None and self.max_turn_tokens < 1:
             raise ValueError(f"max_turn_tokens must be >= 1 or None, got {self.max_turn_tokens}")
-        if self.batch_wait_s < 0:
-            raise ValueError(f"batch_wait_s must be >= 0, got {self.batch_wait_s}")
+        if self.batch_wait_s is not None and self.batch_wait_s < 0:
+            raise ValueError(f"batch_wait_s must be >= 0 or None, got {self.batch_wait_s}")
 
 
 @dataclasses.dataclass
@@ -257,7 +261,7 @@ class RolloutEngine:
                     ready.append(episode)
                 if stepping:
                     if self.config.overlap and ready:  # let fast tools join this batch, not slow ones
-                        timeout, when = self.config.batch_wait_s, cf.ALL_COMPLETED
+                        timeout, when = self._batch_wait(), cf.ALL_COMPLETED
                     elif self.config.overlap:
                         timeout, when = None, cf.FIRST_COMPLETED
                     else:  # strict rounds: every tool of the round first
@@ -274,17 +278,29 @@ class RolloutEngine:
                             ready.append(episode)
                 if ready and (self.config.overlap or not stepping):
                     batch, ready = ready, []
-                    for episode, generation in zip(batch, self._generate(batch, seed)):
+                    for episode, generation in zip(batch, self._generate(batch, seed), strict=True):
                         if self._after_generation(episode, generation):
                             finish(episode)
                         else:
                             stepping[pool.submit(self._step_env, episode, generation.text)] = episode
         finally:
             progress.close()
-            for future, episode in stepping.items():
+            for future in stepping:
                 future.cancel()
             stats.wall_s = time.perf_counter() - started
         return [self._to_trajectory(episode) for episode in episodes]
+
+    @property
+    def tasks(self) -> Sequence[Any]:
+        """The env's task list (``env.unwrapped.tasks``), read from a pooled env."""
+        env = self._acquire_env()
+        try:
+            tasks = getattr(env.unwrapped, "tasks", None)
+        finally:
+            self._free_envs.append(env)
+        if tasks is None:
+            raise AttributeError("this env has no task list (env.unwrapped.tasks)")
+        return tasks
 
     def close(self) -> None:
         """Close the pooled envs and the worker threads."""
@@ -337,6 +353,12 @@ class RolloutEngine:
             self.config.max_prompt_tokens, self.config.max_response_tokens,
         )
 
+    def _batch_wait(self) -> float:
+        if self.config.batch_wait_s is not None:
+            return self.config.batch_wait_s
+        calls = self.stats.generate_calls
+        return 0.5 * self.stats.generate_s / calls if calls else 0.0
+
     def _generate(self, batch: list[_Episode], seed: int) -> list[Generation]:
         config = self.config
         contexts, params = [], []
@@ -372,7 +394,8 @@ class RolloutEngine:
         try:
             result = episode.env.step(action)
         except Exception as error:  # a broken env or wrapper ends this episode, never the run
-            result = ("", 0.0, False, True, {"episode_end": "env_error", "env_error": f"{type(error).__name__}: {error}"})
+            failure = {"episode_end": "env_error", "env_error": f"{type(error).__name__}: {error}"}
+            result = ("", 0.0, False, True, failure)
         return (*result, time.perf_counter() - started)
 
     def _after_step(self, episode: _Episode, observation: str, reward: float, terminated: bool, truncated: bool,

@@ -132,7 +132,8 @@ class EpisodeRecord:
         if retrieval is not None:
             start, end = (int(x) for x in retrieval["span"])
             if not 0 <= start <= end <= len(observation):
-                raise ValueError(f"retrieval span {(start, end)} lies outside the observation of {len(observation)} chars")
+                raise ValueError(
+                    f"retrieval span {(start, end)} lies outside the observation of {len(observation)} chars")
             pieces = [(observation[:start], False), (observation[start:end], True), (observation[end:], False)]
         budget, fits = self.remaining, True
         for text, spliced in pieces:

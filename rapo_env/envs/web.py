@@ -22,6 +22,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import threading
 from collections.abc import Callable, Sequence
@@ -151,7 +152,9 @@ def make_web_reward(
         return AnswerMetricReward(reward, tool_tags)
     if reward == "judge":
         if judge is None:
-            raise ValueError("reward='judge' needs judge={'base_url': ..., 'model': ...} (an OpenAI-compatible endpoint)")
+            raise ValueError(
+                "reward='judge' needs judge={'base_url': ..., 'model': ...} (an OpenAI-compatible endpoint)"
+            )
         return LLMJudgeReward(judge, tool_tags)
     raise ValueError(f"unknown web reward {reward!r}; use 'reference', 'f1', 'em', 'judge' or a callable")
 
@@ -160,9 +163,9 @@ class WebEnv(ToolEnv):
     """Web questions with ``<search>`` and ``<browse>``.
 
     Args:
-        dataset: ``"offline"`` (default: the procedural knowledge base as a site, and its questions), a web benchmark name
-            (``simpleqa``, ``gaia``, ``webwalker``, ``webwalkerqa``, ``deepsearch``), a task file, ``"hf:<name>"``,
-            or a task list.
+        dataset: ``"offline"`` (default: the procedural knowledge base as a site, and its questions), a web
+            benchmark name (``simpleqa``, ``gaia``, ``webwalker``, ``webwalkerqa``, ``deepsearch``), a task file,
+            ``"hf:<name>"``, or a task list.
         search: The search provider config (`WebSearchConfig`, dict, or provider name). Default: the local
             index of the offline site for ``offline``; Bing (key in ``BING_SEARCH_V7_KEY``) otherwise.
         browse: `BrowseConfig` or dict; the offline site's origin is always allowed.
@@ -211,7 +214,9 @@ class WebEnv(ToolEnv):
             self.offline_web = OfflineWeb.acquire(seed, kb_config, cache_root, embedder)
             tasks: Sequence[Task] = self.offline_web.knowledge_base.split(split)
             tasks = tasks[:limit] if limit is not None else tasks
-            browse_config.allowed_origins = (*browse_config.allowed_origins, self.offline_web.base_url)
+            browse_config = dataclasses.replace(
+                browse_config, allowed_origins=(*browse_config.allowed_origins, self.offline_web.base_url)
+            )
             search_tool: WebSearchTool = (
                 WebSearchTool(search_config)
                 if search_config is not None
@@ -257,4 +262,4 @@ class WebEnv(ToolEnv):
 
 
 def _no_procedural(split: str):
-    raise ValueError("RAPO-Web-v0 has no 'procedural' split; use dataset='offline' for the generated site")
+    raise ValueError("RAPO-Web-v0 has no 'procedural' dataset; use dataset='offline' for the knowledge-base site")

@@ -36,7 +36,8 @@ _REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def web_data_dir() -> Path:
-    """Where the web benchmark files are: ``$RAPO_WEB_DATA``, else ``$RAPO_SHARED_DATA/web``, else ``../shared/data/web``."""
+    """Where the web benchmark files are: ``$RAPO_WEB_DATA``, else ``$RAPO_SHARED_DATA/web``, else
+    ``../shared/data/web``."""
     if os.environ.get("RAPO_WEB_DATA"):
         return Path(os.environ["RAPO_WEB_DATA"]).expanduser()
     shared = Path(os.environ.get("RAPO_SHARED_DATA", _REPO_ROOT.parent / "shared" / "data")).expanduser()
@@ -92,7 +93,9 @@ def knowledge_base_site(knowledge_base: KnowledgeBase) -> list[SitePage]:
     """One page per passage of ``knowledge_base``, linking to the entities it relates to (so that an agent can
     follow a question's chain page by page, as on a real encyclopedia)."""
     pages = []
-    for entity, passage in zip(knowledge_base.entities, knowledge_base.passages):
-        related = [knowledge_base.by_id[target].name for target in entity.relations.values() if target in knowledge_base.by_id]
+    for entity, passage in zip(knowledge_base.entities, knowledge_base.passages, strict=True):
+        related = [
+            knowledge_base.by_id[target].name for target in entity.relations.values() if target in knowledge_base.by_id
+        ]
         pages.append(SitePage.from_passage(passage.title, passage.text, related))
     return pages

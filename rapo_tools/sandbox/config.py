@@ -13,6 +13,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import multiprocessing
 import os
 import sys
 from typing import Any, Literal
@@ -53,11 +54,11 @@ class SandboxConfig:
     max_open_files: int = 256
     """File descriptors a call may hold open (RLIMIT_NOFILE)."""
     scratch_mb: int = 64
-    """Size (MiB) of the private writable scratch tmpfs (``/tmp``, also the working directory), emptied
-    after every call."""
+    """Size (MiB) of each private writable tmpfs, ``/tmp`` (the working directory) and ``/dev/shm``;
+    both are emptied after every call."""
     pool_size: int | None = None
-    """Warm workers, i.e. calls that run at once; more calls wait in FIFO order. None: the CPU count,
-    clamped to 2..8."""
+    """Warm workers per pool, i.e. calls that run at once; more calls wait in FIFO order. None: the CPU
+    count clamped to 2..8, or 1 inside a daemon process (a vector-env worker, one of many)."""
     preload_modules: tuple[str, ...] = ("math", "numpy", "sympy", "fractions", "itertools")
     """Modules each warm worker imports once, so that calls import them for free."""
     warmup_code: str = DEFAULT_WARMUP
@@ -107,7 +108,11 @@ class SandboxConfig:
     @property
     def workers(self) -> int:
         """The pool size actually used."""
-        return self.pool_size or max(2, min(8, os.cpu_count() or 2))
+        if self.pool_size:
+            return self.pool_size
+        if multiprocessing.current_process().daemon:
+            return 1
+        return max(2, min(8, os.cpu_count() or 2))
 
     @classmethod
     def from_value(cls, value: SandboxConfig | dict[str, Any] | str | None) -> SandboxConfig:

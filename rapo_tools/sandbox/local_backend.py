@@ -11,9 +11,10 @@ Each worker is one ``bwrap`` sandbox holding a warm interpreter (see
 - an empty environment (no host variables);
 - a seccomp filter that refuses new user namespaces (`rapo_tools.sandbox.seccomp`);
 - when rapo runs as root, the worker drops to a dedicated unprivileged uid before it
-  imports anything, so RLIMIT_NPROC holds (the kernel does not enforce it for root) and
-  root-only files stay unreadable; otherwise bubblewrap makes an unprivileged user
-  namespace.
+  imports anything, so RLIMIT_NPROC holds (the kernel does not enforce it for root, nor
+  inside a user namespace mapped to root) and root-only files stay unreadable; otherwise
+  bubblewrap makes an unprivileged user namespace and the code runs as the user (whose
+  other processes then count against the process limit, which is raised by their number).
 
 Per call: rlimits (CPU, address space, processes, file size, open files), a wall-clock
 timeout that kills every process of the call, and an output cap.
@@ -133,8 +134,11 @@ def bwrap_arguments(config: SandboxConfig, bwrap: str, python: str, as_root: boo
 def with_seccomp(prefix: list[str]) -> tuple[list[str], list[int]]:
     """``prefix`` plus the seccomp filter and ``--``; returns the arguments and the fds to pass (then close)."""
     program = user_namespace_filter()
-    if not prefix or program is None:
-        return prefix + (["--"] if prefix else []), []
+    if not prefix:
+        return [], []
+    if program is None:
+        logger.warning("no seccomp filter for this architecture: sandboxed code may create user namespaces")
+        return prefix + ["--"], []
     fd = readable_fd(program)
     return prefix + ["--seccomp", str(fd), "--"], [fd]
 
@@ -187,17 +191,21 @@ class LocalSandboxExecutor(PooledExecutor):
 
     def _worker_settings(self, scratch: str, light: bool) -> dict:
         preload, warmup = self.config.worker_preload(light)
+        limits = self.config.worker_limits()
         drop_to = None
         if self.isolated and self.as_root:
             uid = self.config.sandbox_uid_base + (os.getpid() % 4096) * 256 + next(_uid_counter) % 256
             drop_to = [uid, SANDBOX_GID]
+        else:
+            # The code runs as this user, whose other processes count against RLIMIT_NPROC too.
+            limits["max_processes"] += _processes_of(os.getuid())
         return {
             "preload": list(preload),
             "warmup": warmup,
             "scratch_dirs": ["/tmp", "/dev/shm"] if self.isolated else [scratch],
             "own_pid_namespace": self.isolated,  # never kill(-1) outside our own pid namespace
             "drop_to": drop_to,
-            "limits": self.config.worker_limits(),
+            "limits": limits,
         }
 
     async def _spawn_worker(self, slot: int, light: bool) -> StreamWorker:
@@ -249,6 +257,18 @@ class LocalSandboxExecutor(PooledExecutor):
         if ready.get("failed"):
             logger.warning("sandbox worker could not preload %s", ready["failed"])
         return worker
+
+
+def _processes_of(uid: int) -> int:
+    """How many processes ``uid`` runs on this host now."""
+    count = 0
+    for name in os.listdir("/proc"):
+        try:
+            if name.isdigit() and os.stat(f"/proc/{name}").st_uid == uid:
+                count += 1
+        except OSError:
+            pass  # it exited while we looked
+    return count
 
 
 async def _keep_tail(stream: asyncio.StreamReader, tail: collections.deque[bytes]) -> None:

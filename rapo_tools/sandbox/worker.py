@@ -175,7 +175,7 @@ def _collect(pid, fds, timeout_s, cap):
     deadline = time.monotonic() + timeout_s
     exited = timed_out = truncated = False
     try:
-        while open_fds and not (exited or truncated):
+        while not (exited or truncated):  # the code may close its output and keep working
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 timed_out = True

@@ -78,6 +78,11 @@ class Embedder:
         # One model object is not safe to run from several threads at once (tokenizer state, CUDA streams).
         self._lock = threading.Lock()
 
+    def __deepcopy__(self, memo: dict) -> Embedder:
+        # Gymnasium deep-copies env kwargs (gym.make, make_vec, env specs); an encoder is a
+        # read-only resource to share, not to duplicate (nor can its lock be copied).
+        return self
+
     @property
     def dimension(self) -> int:
         """Length of the vectors `encode` returns."""

@@ -63,7 +63,11 @@ class BrowseTool(Tool):
         # The question of the current episode: the summariser keeps what bears on it (the env sets it on reset).
         self.question = ""
         self._fetcher = PageFetcher(
-            config.max_bytes, config.timeout_s, config.max_redirects, config.allow_private, tuple(config.allowed_origins)
+            config.max_bytes,
+            config.timeout_s,
+            config.max_redirects,
+            config.allow_private,
+            tuple(config.allowed_origins),
         )
         self._summarizer = PageSummarizer(ChatClient(config.summarizer)) if config.summarizer is not None else None
 

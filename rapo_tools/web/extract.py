@@ -26,10 +26,16 @@ from rapo_tools.web.fetch import FetchedPage, FetchError
 
 _HTML_TYPES = frozenset({"text/html", "application/xhtml+xml"})
 _TEXT_TYPES = frozenset(
-    {"application/json", "application/xml", "application/javascript", "application/ld+json", "application/rss+xml",
-     "application/atom+xml", "application/x-yaml"}
+    {
+        "application/json",
+        "application/xml",
+        "application/javascript",
+        "application/ld+json",
+        "application/rss+xml",
+        "application/atom+xml",
+        "application/x-yaml",
+    }
 )
-
 
 
 def _trafilatura_config():
@@ -114,7 +120,9 @@ def extract_page(page: FetchedPage, max_links: int = 50) -> PageText:
     if _looks_binary(page.body):
         raise FetchError(f"the page {page.url[:200]} holds binary data, not text; it cannot be shown")
     text = decode_body(page)
-    is_html = content_type in _HTML_TYPES or (not content_type and text.lstrip()[:200].lower().startswith(("<!doctype html", "<html")))
+    is_html = content_type in _HTML_TYPES or (
+        not content_type and text.lstrip()[:200].lower().startswith(("<!doctype html", "<html"))
+    )
     if not is_html:
         return PageText(url=page.url, title="", text=text.strip(), links=(), truncated=page.truncated)
     main_text = trafilatura.extract(
@@ -129,4 +137,6 @@ def extract_page(page: FetchedPage, max_links: int = 50) -> PageText:
         links = _links(lxml.html.fromstring(text), page.url, max_links)
     except (etree.ParserError, ValueError):
         links = ()
-    return PageText(url=page.url, title=title.strip(), text=(main_text or "").strip(), links=links, truncated=page.truncated)
+    return PageText(
+        url=page.url, title=title.strip(), text=(main_text or "").strip(), links=links, truncated=page.truncated
+    )

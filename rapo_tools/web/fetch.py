@@ -157,7 +157,9 @@ class PageFetcher:
                 raise ToolTimeoutError(f"the page {url[:200]} did not answer in time") from error
             except httpx.HTTPError as error:
                 raise ServiceUnavailableError(f"cannot load {url[:200]}: {type(error).__name__}: {error}") from error
-        raise FetchError(f"more than {self.max_redirects} redirects starting from the requested URL (last: {url[:200]})")
+        raise FetchError(
+            f"more than {self.max_redirects} redirects starting from the requested URL (last: {url[:200]})"
+        )
 
     async def _read(self, url: str, response: httpx.Response) -> FetchedPage:
         if response.status_code >= 400:
@@ -190,7 +192,10 @@ class PageFetcher:
             self._client = httpx.AsyncClient(
                 follow_redirects=False,
                 timeout=self.timeout_s,
-                headers={"User-Agent": USER_AGENT, "Accept": "text/html,application/xhtml+xml,text/plain;q=0.9,*/*;q=0.5"},
+                headers={
+                    "User-Agent": USER_AGENT,
+                    "Accept": "text/html,application/xhtml+xml,text/plain;q=0.9,*/*;q=0.5",
+                },
             )
         return self._client
 

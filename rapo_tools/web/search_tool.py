@@ -43,7 +43,8 @@ class WebSearchConfig:
     endpoint: str | None = None
     """The provider's URL; None uses the provider's public endpoint."""
     api_key_env: str | None = None
-    """Environment variable with the API key; None uses the provider's default (BING_SEARCH_V7_KEY, BRAVE_SEARCH_API_KEY)."""
+    """Environment variable with the API key; None uses the provider's default (``BING_SEARCH_V7_KEY``,
+    ``BRAVE_SEARCH_API_KEY``)."""
     replay_path: str | None = None
     """The recorded cache file for ``replay`` (the reference's query -> text JSON)."""
     top_k: int = 10
@@ -141,7 +142,9 @@ class WebSearchTool(Tool):
 
     name = "search"
 
-    def __init__(self, config: WebSearchConfig | dict[str, Any] | str | None = None, provider: SearchProvider | None = None):
+    def __init__(
+        self, config: WebSearchConfig | dict[str, Any] | str | None = None, provider: SearchProvider | None = None
+    ):
         self.config = WebSearchConfig.from_value(config)
         self.provider = provider if provider is not None else make_provider(self.config)
         self._cache = _open_cache(self.config.cache_path) if self.config.cache_path else None

@@ -64,7 +64,7 @@ def render_page(page: SitePage) -> str:
     related = "".join(f'<li><a href="/wiki/{slug}">{html.escape(text)}</a></li>' for text, slug in page.links)
     see_also = f"<h2>See also</h2><ul>{related}</ul>" if related else ""
     return (
-        "<!DOCTYPE html><html><head><meta charset=\"utf-8\">"
+        '<!DOCTYPE html><html><head><meta charset="utf-8">'
         f"<title>{html.escape(page.title)} - RapoPedia</title></head><body>"
         '<nav><a href="/">Main page</a> | <a href="/">All articles</a></nav>'
         f"<main><article><h1>{html.escape(page.title)}</h1>{body}{see_also}</article></main>"
@@ -75,7 +75,7 @@ def render_page(page: SitePage) -> str:
 def render_index(pages: Sequence[SitePage]) -> str:
     items = "".join(f'<li><a href="{page.path}">{html.escape(page.title)}</a></li>' for page in pages)
     return (
-        "<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>RapoPedia - all articles</title></head>"
+        '<!DOCTYPE html><html><head><meta charset="utf-8"><title>RapoPedia - all articles</title></head>'
         f"<body><main><h1>All articles</h1><ul>{items}</ul></main></body></html>"
     )
 
@@ -104,7 +104,9 @@ def build_site_app(pages: Sequence[SitePage], provider: LocalProvider | None = N
     if provider is not None:
 
         @app.get("/v7.0/search")
-        def search(request: Request, q: str = Query(..., min_length=1, max_length=2000), count: int = Query(10, ge=1, le=50)) -> dict:
+        def search(
+            request: Request, q: str = Query(..., min_length=1, max_length=2000), count: int = Query(10, ge=1, le=50)
+        ) -> dict:
             base_url = str(request.base_url).rstrip("/")
             hits = provider.with_url_prefix(base_url).search_sync(q, count)
             return {
@@ -113,7 +115,12 @@ def build_site_app(pages: Sequence[SitePage], provider: LocalProvider | None = N
                 "webPages": {
                     "totalEstimatedMatches": len(hits),
                     "value": [
-                        {"id": f"{base_url}/v7.0/search#WebPages.{i}", "name": hit.title, "url": hit.url, "snippet": hit.snippet}
+                        {
+                            "id": f"{base_url}/v7.0/search#WebPages.{i}",
+                            "name": hit.title,
+                            "url": hit.url,
+                            "snippet": hit.snippet,
+                        }
                         for i, hit in enumerate(hits)
                     ],
                 },
@@ -123,7 +130,9 @@ def build_site_app(pages: Sequence[SitePage], provider: LocalProvider | None = N
 
 
 @contextlib.contextmanager
-def serve_site(pages: Sequence[SitePage], provider: LocalProvider | None = None, host: str = "127.0.0.1", port: int = 0) -> Iterator[str]:
+def serve_site(
+    pages: Sequence[SitePage], provider: LocalProvider | None = None, host: str = "127.0.0.1", port: int = 0
+) -> Iterator[str]:
     """Serve the site on loopback in a background thread; yields its base URL."""
     with serve_in_thread(build_site_app(pages, provider), host=host, port=port) as base_url:
         yield base_url

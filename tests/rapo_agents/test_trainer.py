@@ -140,3 +140,133 @@ def test_mini_batches_and_epochs_take_several_optimizer_steps():
     assert stats["optim/steps"] == 4
     assert stats["loss/approx_kl"] != 0.0  # later mini-batches see a moved policy
     assert stats["loss/kl"] > 0.0
+
+
+# ---------------------------------------------------------------- the full loop
+
+
+class SeededAnswerPolicy:
+    """A test policy over real math envs: one python call, then the right answer for odd sampling seeds, a wrong
+    one for even seeds, so that groups have reward variance. It reports deterministic per-token entropies."""
+
+    def __init__(self, tasks):
+        from rapo_agents.policies import ByteTokenizer
+
+        self.tokenizer = ByteTokenizer()
+        self.vocab_size = self.tokenizer.vocab_size
+        self.answers = {task.question: task.answers[0] for task in tasks}
+        self.name = "seeded-answer"
+
+    def generate(self, contexts, sampling):
+        from rapo_agents.policies import Generation
+        from rapo_agents.policies.base import per_context_sampling
+
+        generations = []
+        for context, params in zip(contexts, per_context_sampling(contexts, sampling)):
+            text = self.tokenizer.decode(context)
+            if "<result>" not in text.split("<|im_start|>assistant", 1)[-1]:
+                turn = "<python>print(1)</python>"
+            else:
+                answer = next(a for q, a in self.answers.items() if q in text)
+                turn = f"<answer>\\boxed{{{answer if params.seed % 2 else answer + '1'}}}</answer>"
+            ids = self.tokenizer.encode(turn)[: params.max_new_tokens]
+            entropy = 0.5 + (params.seed % 7) / 7
+            generations.append(Generation(
+                token_ids=ids, text=self.tokenizer.decode(ids), finish_reason="stop",
+                logprobs=[-1.0] * len(ids), entropies=[entropy] * len(ids),
+                top_logprobs=[[-0.5, -1.5]] * len(ids), stop_string=turn[-9:],
+            ))
+        return generations
+
+
+@pytest.fixture(scope="module")
+def loop_parts():
+    from rapo_buffers.candidates import Candidate, StaticRetriever
+    from rapo_env.tasks.procedural_math import ProceduralMath
+
+    tasks = ProceduralMath(seed=0, num_tasks=4)
+    retriever = StaticRetriever([
+        Candidate(value="<python>print(2 * 3)</python> <result>\n6\n</result>", reward=1.0, score=0.9),
+        Candidate(value="<python>print(7)</python> <result>\n7\n</result>", reward=0.0, score=0.5),
+    ])
+    return tasks, retriever
+
+
+def make_trainer(tmp_path, loop_parts, *overrides):
+    from rapo_agents.config import load_config
+    from rapo_agents.trainer import RAPOTrainer
+
+    tasks, retriever = loop_parts
+    config = load_config(None, [
+        "num_tasks=4", "train_batch_size=2", "ppo_mini_batch_size=1", "micro_batch_size=3", "rollout_n=4",
+        "no_retrieve_first_k=2", "retrieve_prob=1.0", "max_prompt_tokens=512", "max_response_tokens=256",
+        "lr=1e-3", "env_kwargs={sandbox: subprocess, system_prompt: Use python.}", "logging.progress=false", "logging.tensorboard=true",
+        "recompute_old_logprobs=true", f"logging.output_dir={tmp_path}", *overrides,
+    ])
+    return RAPOTrainer(config, model=tiny_model(vocab_size=259), tokenizer=SeededAnswerPolicy(tasks).tokenizer,
+                       policy=SeededAnswerPolicy(tasks), retriever=retriever)
+
+
+def parameters(model):
+    return torch.nn.utils.parameters_to_vector(model.parameters()).detach().clone()
+
+
+def test_rapo_loop_trains_logs_and_resumes_exactly(tmp_path, loop_parts):
+    import json
+
+    straight = make_trainer(tmp_path / "straight", loop_parts, "total_steps=2")
+    initial = parameters(straight.model)
+    result = straight.train()
+    assert result.steps == 2 and not result.interrupted
+    assert not torch.equal(parameters(straight.model), initial)
+    records = [json.loads(line) for line in (tmp_path / "straight" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [1, 2]
+    first = records[0]
+    assert 0.0 < first["accuracy"] < 1.0 and first["reward/mean"] == pytest.approx(first["accuracy"])
+    assert first["format_rate"] == 1.0 and first["tool_calls/mean"] == 1.0
+    # Rollouts 2 and 3 of each group are hybrid and retrieve after their tool round (retrieve_prob = 1).
+    assert first["retrieval/rollouts_with_retrieval"] == pytest.approx(0.5)
+    assert first["retrieval/f_ret_mean"] > 0 and first["retrieval/z_ret_mean"] != 0.0
+    assert first["optim/steps"] == 2 and first["optim/grad_norm"] > 0
+    assert result.plot is not None and result.plot.stat().st_size > 0
+    assert list((tmp_path / "straight" / "tensorboard").iterdir())
+    trajectory_lines = (tmp_path / "straight" / "trajectories.jsonl").read_text().splitlines()
+    assert len(trajectory_lines) == 2 * 2 * 4
+
+    # One step, stop, then a fresh trainer (fresh model init) resumes from the checkpoint: identical weights.
+    first_half = make_trainer(tmp_path / "resumed", loop_parts, "total_steps=1")
+    first_half.train()
+    resumed = make_trainer(tmp_path / "resumed", loop_parts, "total_steps=2")
+    result = resumed.train()
+    assert result.steps == 2
+    assert torch.equal(parameters(resumed.model), parameters(straight.model))
+    for key, value in straight.optimizer.state_dict()["state"][0].items():
+        assert torch.equal(torch.as_tensor(value), torch.as_tensor(resumed.optimizer.state_dict()["state"][0][key]))
+    assert [p.name for p in resumed.checkpoints.checkpoints()] == ["step_000001", "step_000002"]
+
+
+def test_grpo_is_the_same_loop_without_retrieval(tmp_path, loop_parts):
+    trainer = make_trainer(tmp_path, loop_parts, "total_steps=1", "retrieval.enabled=false", "logging.plot=false")
+    assert trainer.retriever is None
+    history = trainer.train().history
+    assert history[0]["retrieval/count_mean"] == 0.0 and history[0]["retrieval/z_ret_mean"] == 0.0
+    assert history[0]["advantage/abs_mean"] > 0
+
+
+def test_sigterm_saves_a_checkpoint_and_stops_cleanly(tmp_path, loop_parts):
+    import os
+    import signal
+
+    trainer = make_trainer(tmp_path, loop_parts, "total_steps=5", "logging.plot=false")
+    real_step = trainer.train_step
+
+    def step_then_signal():
+        metrics = real_step()
+        os.kill(os.getpid(), signal.SIGTERM)  # as `kill <pid>` would, between two steps
+        return metrics
+
+    trainer.train_step = step_then_signal
+    result = trainer.train()
+    assert result.interrupted and result.steps == 1
+    assert result.checkpoint is not None and result.checkpoint.name == "step_000001"
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL

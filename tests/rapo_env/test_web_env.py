@@ -135,8 +135,11 @@ def test_bing_provider_against_the_sites_v7_endpoint(env, web_options, task_indi
     monkeypatch.setenv("RAPO_TEST_SITE_KEY", "any")
     endpoint = f"{env.offline_web.base_url}/v7.0/search"
     # A second env on the same site searches it through the Bing v7 JSON over HTTP instead of in-process.
-    bing_env = WebEnv(max_tool_calls=4, search={"provider": "bing", "endpoint": endpoint, "api_key_env": "RAPO_TEST_SITE_KEY"},
-                      **web_options)
+    bing_env = WebEnv(
+        max_tool_calls=4,
+        search={"provider": "bing", "endpoint": endpoint, "api_key_env": "RAPO_TEST_SITE_KEY"},
+        **web_options,
+    )
     try:
         assert bing_env.offline_web is env.offline_web  # one server and one index per process
         reward, steps, _ = run_episode(bing_env, task_indices[-1])
@@ -213,8 +216,13 @@ def test_web_benchmarks_load_in_their_reference_formats(shared_data):
 
 def test_benchmark_env_with_replayed_search(shared_data, monkeypatch):
     monkeypatch.setenv("RAPO_WEB_DATA", str(shared_data / "web"))
-    env = gym.make("RAPO-Web-v0", dataset="simpleqa", limit=3, reward="f1",
-                   search={"provider": "replay", "replay_path": str(shared_data / "web" / "arpo_search_cache.json")})
+    env = gym.make(
+        "RAPO-Web-v0",
+        dataset="simpleqa",
+        limit=3,
+        reward="f1",
+        search={"provider": "replay", "replay_path": str(shared_data / "web" / "arpo_search_cache.json")},
+    )
     try:
         prompt, info = env.reset(options={"task_index": 0})
         assert prompt == "Who received the IEEE Frank Rosenblatt Award in 2010?"
@@ -236,6 +244,9 @@ def test_judge_through_rapos_own_openai_server():
     task = Task(id="t", question="Where was Ada Lovelace born?", answers=("London",), source="toy")
     with serve_in_thread(create_app(ScriptedPolicy(judge_rule), model_name="judge")) as base_url:
         judge = LLMJudgeReward({"base_url": f"{base_url}/v1", "model": "judge", "api_key_env": None}, ())
-        right, wrong = judge("<answer>\\boxed{in London}</answer>", task), judge("<answer>\\boxed{Paris}</answer>", task)
+        right, wrong = (
+            judge("<answer>\\boxed{in London}</answer>", task),
+            judge("<answer>\\boxed{Paris}</answer>", task),
+        )
         judge.close()
     assert (right.reward, wrong.reward) == (1.0, 0.0) and right.metrics["judge_error"] == 0.0

@@ -5,10 +5,11 @@ verl's agent-loop workers call ``run`` once per rollout; the loop plays one epis
 
 1. ``env.reset(options={"task_index": row's extra_info.task_index, "rollout_index": session_id})``
    (verl's ``session_id`` is the rollout's index in its group, which drives the hybrid split);
-2. the chat template is applied once to the env's system prompt and question;
+2. the chat template is applied once to the env's system prompt and question (rapo's
+   `EpisodeRecord`, the rollout engine's token bookkeeping);
 3. each turn generates until a closing tool tag, runs ``env.step`` in a thread (tools are
-   synchronous facades) and appends the observation's tokens: the env's part and the spliced
-   retrieval part are tokenized separately so that the retrieved tokens are counted exactly;
+   synchronous facades) and appends the observation's tokens once: the env's part and the
+   spliced retrieval part are tokenized separately so that the retrieved tokens are counted exactly;
 4. ``response_mask`` is 1 on generated tokens only, the env's reward becomes ``reward_score``, and
    the step spans and retrieval marks go to ``extra_fields["rapo"]`` (see `protocol`).
 
@@ -36,7 +37,8 @@ from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetr
 
 import rapo_env  # noqa: F401  (registers the rapo env ids)
 from rapo_agents.integrations.verl.protocol import EXTRA_FIELD, episode_fields
-from rapo_agents.policies.base import TOOL_STOP_STRINGS
+from rapo_agents.policies.base import TOOL_STOP_STRINGS, Generation
+from rapo_agents.rollout.episode import EpisodeRecord
 from rapo_env.wrappers import StepTraceRetrievalWrapper
 
 AGENT_NAME = "rapo_env_agent"
@@ -76,14 +78,11 @@ class RapoEnvAgentLoop(AgentLoopBase):
         self.response_length = self.rollout_config.response_length
 
     def make_env(self, overrides: dict[str, Any] | None = None) -> gym.Env:
-        """A fresh env for one episode (``overrides`` merged over ``env_kwargs``), wrapped for retrieval when configured."""
+        """A fresh env for one episode (``overrides`` merged over ``env_kwargs``), wrapped for retrieval if set."""
         env = gym.make(self.env_id, **{**self.env_kwargs, **(overrides or {})})
         if self.retrieval:
             env = StepTraceRetrievalWrapper(env, **self.retrieval)
         return env
-
-    def encode(self, text: str) -> list[int]:
-        return self.tokenizer.encode(text, add_special_tokens=False) if text else []
 
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
         extra_info = kwargs.get("extra_info") or {}
@@ -98,67 +97,64 @@ class RapoEnvAgentLoop(AgentLoopBase):
 
     async def _play(self, env: gym.Env, options: dict[str, Any], sampling_params: dict[str, Any]) -> AgentLoopOutput:
         prompt, info = await asyncio.to_thread(env.reset, options=options)
-        messages = [{"role": "system", "content": info["system_prompt"]}, {"role": "user", "content": prompt}]
-        prompt_text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-        prompt_ids = self.encode(prompt_text)
+        # rapo's own episode record: chat template once, policy tokens mask 1, observations and
+        # spliced retrieval text tokenized once each with mask 0 (the rollout engine's bookkeeping).
+        record = EpisodeRecord.start(
+            self.tokenizer, info["system_prompt"], prompt, self.rollout_config.prompt_length, self.response_length
+        )
         params = {**sampling_params, "stop": list(TOOL_STOP_STRINGS), "include_stop_str_in_output": True}
-        response_ids: list[int] = []
-        response_mask: list[int] = []
-        logprobs: list[float] = []
-        spans: list[tuple[int, int]] = []
-        marks: list[int] = []
-        retrieval_tokens, reward, turns = 0, 0.0, 0
-        metrics: dict[str, Any] = {"generate_sequences": 0.0, "tool_calls": 0.0}
+        reward, turns = 0.0, 0
+        metrics = {"generate_sequences": 0.0, "tool_calls": 0.0}
+        loop = asyncio.get_running_loop()
         for _ in range(self.max_turns):
-            budget = self.response_length - len(response_ids)
-            if budget <= 0:
+            if record.remaining <= 0:
                 break
-            loop = asyncio.get_running_loop()
             started = loop.time()
             output = await self.server_manager.generate(
-                request_id=uuid4().hex, prompt_ids=prompt_ids + response_ids, sampling_params={**params, "max_tokens": budget}
+                request_id=uuid4().hex, prompt_ids=list(record.token_ids),
+                sampling_params={**params, "max_tokens": record.remaining},
             )
             metrics["generate_sequences"] += loop.time() - started
-            generated = list(output.token_ids)[:budget]
-            spans.append((len(response_ids), len(response_ids) + len(generated)))
-            marks.append(0)
-            response_ids += generated
-            response_mask += [1] * len(generated)
-            logprobs += list(output.log_probs or [0.0] * len(generated))[: len(generated)]
+            tokens = list(output.token_ids)
+            text = self.tokenizer.decode(tokens, skip_special_tokens=True)
+            record.add_generation(
+                Generation(token_ids=tokens, text=text, finish_reason="stop", logprobs=output.log_probs),
+                self.vocab_size,
+            )
             turns += 1
             started = loop.time()
-            observation, step_reward, terminated, truncated, step_info = await asyncio.to_thread(
-                env.step, self.tokenizer.decode(generated, skip_special_tokens=True)
-            )
+            observation, step_reward, terminated, truncated, step_info = await asyncio.to_thread(env.step, text)
             metrics["tool_calls"] += loop.time() - started
-            reward = float(step_reward)
+            reward += float(step_reward)
             if terminated or truncated:
                 break
             retrieval = step_info.get("retrieval")
-            env_part, spliced = observation, ""
-            if retrieval is not None:
-                start, end = retrieval["span"]
-                env_part, spliced = observation[:start] + observation[end:], observation[start:end]
-                marks[-1] = 1
-            for text, is_retrieval in ((env_part, False), (spliced, True)):
-                ids = self.encode(text)[: max(0, self.response_length - len(response_ids))]
-                response_ids += ids
-                response_mask += [0] * len(ids)
-                logprobs += [0.0] * len(ids)
-                retrieval_tokens += len(ids) if is_retrieval else 0
-        response_ids, response_mask, logprobs = (
-            response_ids[: self.response_length],
-            response_mask[: self.response_length],
-            logprobs[: self.response_length],
-        )
+            record.steps[-1].retrieval = dict(retrieval) if retrieval else None
+            if not record.add_observation(observation, record.steps[-1].retrieval):
+                break
+        return self._output(record, reward, turns, metrics, bool(sampling_params.get("logprobs")))
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.tokenizer)
+
+    @staticmethod
+    def _output(record: EpisodeRecord, reward: float, turns: int, metrics: dict[str, float], logprobs: bool
+                ) -> AgentLoopOutput:
+        """verl's output of one episode: the response part of the record plus rapo's fields (see `protocol`)."""
+        offset = record.prompt_length
+        response_ids = record.token_ids[offset:]
         fields = episode_fields(
-            [(start, min(end, len(response_ids))) for start, end in spans], marks, retrieval_tokens, len(response_ids)
+            [(step.token_start - offset, step.token_end - offset) for step in record.steps],
+            [int(step.retrieval is not None) for step in record.steps],
+            record.retrieval_tokens,
+            len(response_ids),
         )
         return AgentLoopOutput(
-            prompt_ids=prompt_ids,
+            prompt_ids=record.token_ids[:offset],
             response_ids=response_ids,
-            response_mask=response_mask,
-            response_logprobs=logprobs if sampling_params.get("logprobs") else None,
+            response_mask=record.loss_mask[offset:],
+            response_logprobs=record.logprobs[offset:] if logprobs else None,
             reward_score=reward,
             num_turns=2 * turns + 1,
             metrics=AgentLoopMetrics(**metrics),

@@ -81,7 +81,7 @@ def retrieval_terms_from_fields(
         if not record:
             continue
         f_ret[row] = float(record["f_ret"])
-        for step, ((start, end), mark) in enumerate(zip(record["step_spans"], record["retrieved_after"])):
+        for step, ((start, end), mark) in enumerate(zip(record["step_spans"], record["retrieved_after"], strict=True)):
             end = min(end, width)  # verl cuts responses at response_length
             if end > start:
                 token_in_step[row, step, start:end] = True

@@ -41,7 +41,7 @@ class SearchProvider(abc.ABC):
     async def search(self, query: str, top_k: int) -> list[SearchResult]:
         """At most ``top_k`` results for ``query``, best first."""
 
-    async def aclose(self) -> None:
+    async def aclose(self) -> None:  # noqa: B027 - providers without connections have nothing to release
         """Release connections; the provider may be used again afterwards."""
 
 

@@ -36,7 +36,9 @@ def parse_bing(payload: Any, top_k: int) -> list[SearchResult]:
             continue
         results.append(
             SearchResult(
-                title=clean_text(item.get("name")), url=str(item.get("url") or ""), snippet=clean_text(item.get("snippet"))
+                title=clean_text(item.get("name")),
+                url=str(item.get("url") or ""),
+                snippet=clean_text(item.get("snippet")),
             )
         )
     return results[:top_k]
@@ -65,7 +67,9 @@ class BingProvider(SearchProvider):
     ):
         self.endpoint = endpoint
         self.market = market
-        self._api = KeyedJsonApi(endpoint, "Ocp-Apim-Subscription-Key", api_key_env, "bing", timeout_s, retries, backoff_s)
+        self._api = KeyedJsonApi(
+            endpoint, "Ocp-Apim-Subscription-Key", api_key_env, "bing", timeout_s, retries, backoff_s
+        )
 
     async def search(self, query: str, top_k: int) -> list[SearchResult]:
         payload = await self._api.get(

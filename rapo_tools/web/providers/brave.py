@@ -28,7 +28,9 @@ def parse_brave(payload: Any, top_k: int) -> list[SearchResult]:
         return []
     results = [
         SearchResult(
-            title=clean_text(item.get("title")), url=str(item.get("url") or ""), snippet=clean_text(item.get("description"))
+            title=clean_text(item.get("title")),
+            url=str(item.get("url") or ""),
+            snippet=clean_text(item.get("description")),
         )
         for item in values
         if isinstance(item, dict)

@@ -78,13 +78,15 @@ def local_trajectories(retrieval_url):
 
 
 def test_ray_workers_reproduce_the_local_trajectories(retrieval_url, local_trajectories):
-    config = RolloutConfig(group_size=3, seed=11)
+    """Two rollout actors share one PolicyActor; the envs in the actors retrieve from the Serve deployment."""
+    policy_actor = ray.remote(PolicyActor).options(num_cpus=0).remote(functools.partial(ScriptedPolicy, TURNS))
     streamed = []
-    with make_rollout_engine("ray", "RAPO-Math-v0", ScriptedPolicy(TURNS), config, ENV_KWARGS,
+    with make_rollout_engine("ray", "RAPO-Math-v0", policy_actor, RolloutConfig(group_size=3, seed=11), ENV_KWARGS,
                              [retrieval_wrapper(retrieval_url)], num_workers=2) as engine:
-        trajectories = engine.run([4, 0, 3], seed=11, on_trajectory=streamed.append)
+        trajectories = engine.run([4, 0, 3], on_trajectory=streamed.append)
         stats = engine.stats
     assert [comparable(t) for t in trajectories] == [comparable(t) for t in local_trajectories]
+    assert {t.source for t in trajectories} == {"RemotePolicy"}
     assert sorted((t.extra["group_index"], t.rollout_index) for t in streamed) == [
         (g, i) for g in range(3) for i in range(3)
     ]
@@ -92,15 +94,6 @@ def test_ray_workers_reproduce_the_local_trajectories(retrieval_url, local_traje
     assert spliced and all(TRACE in step.retrieval["text"] for step in spliced)  # served by Ray Serve
     assert all(t.extra["retrieval_tokens"] == 0 for t in trajectories if t.rollout_index == 0)
     assert stats.episodes == 9 and stats.tool_calls == sum(t.num_tool_calls for t in trajectories)
-
-
-def test_a_policy_actor_serves_every_worker(retrieval_url, local_trajectories):
-    policy_actor = ray.remote(PolicyActor).options(num_cpus=0).remote(functools.partial(ScriptedPolicy, TURNS))
-    with RayRolloutEngine("RAPO-Math-v0", policy_actor, RolloutConfig(group_size=3, seed=11), ENV_KWARGS,
-                          [retrieval_wrapper(retrieval_url)], num_workers=2) as engine:
-        trajectories = engine.run([4, 0, 3])
-    assert [comparable(t) for t in trajectories] == [comparable(t) for t in local_trajectories]
-    assert {t.source for t in trajectories} == {"RemotePolicy"}
 
 
 def test_bad_settings_fail_clearly(ray_cluster):

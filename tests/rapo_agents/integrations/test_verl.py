@@ -174,24 +174,30 @@ def test_the_verl_config_composes_and_passes_verls_checks():
     validate_config(config=config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
 
 
-def test_trainer_and_agent_loop_register_in_a_fresh_verl_process():
-    """What the launch script relies on: VERL_USE_EXTERNAL_MODULES makes every verl process register rapo."""
-    code = (
-        "import verl\n"
-        "from verl.trainer.ppo.v1 import get_trainer_cls\n"
-        "from verl.trainer.ppo.core_algos import get_adv_estimator_fn\n"
-        "from omegaconf import OmegaConf\n"
-        "import hydra\n"
-        "print(get_trainer_cls('rapo').__name__, get_adv_estimator_fn('rapo').__name__)\n"
-        "entry = OmegaConf.load('configs/verl_agent_loops.yaml')[0]\n"
-        "print(hydra.utils.get_class(entry._target_).__name__)\n"
-    )
-    environment = {**os.environ, "VERL_USE_EXTERNAL_MODULES": "rapo_agents.integrations.verl", "PYTHONPATH": str(REPO_ROOT)}
+def test_launch_script_composes_its_config_with_rapo_registered():
+    """The launch script end to end short of Ray: Hydra prints the job config (``--cfg job``) after
+    ``import verl`` has imported rapo's registrations (VERL_USE_EXTERNAL_MODULES; a failed import aborts)."""
     result = subprocess.run(
-        [sys.executable, "-c", code], cwd=REPO_ROOT, env=environment, capture_output=True, text=True, timeout=120
+        ["bash", "scripts/verl/run_rapo_7b.sh", "trainer.n_gpus_per_node=1", "--cfg", "job", "--resolve"],
+        cwd=REPO_ROOT, env={**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"},
+        capture_output=True, text=True, timeout=300,
     )
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert result.stdout.split() == ["RapoPPOTrainer", "compute_rapo_outcome_advantage", "RapoEnvAgentLoop"]
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "adv_estimator: rapo" in result.stdout and "loss_mode: rapo" in result.stdout
+    assert "trainer_mode: rapo" in result.stdout
+    assert "VERL_USE_EXTERNAL_MODULES: rapo_agents.integrations.verl" in result.stdout
+    assert "agent_loop_config_path: " + str(REPO_ROOT / "configs" / "verl_agent_loops.yaml") in result.stdout
+
+
+def test_agent_loop_entry_resolves():
+    from omegaconf import OmegaConf
+
+    from rapo_agents.integrations.verl.agent_loop import RapoEnvAgentLoop
+    from verl.utils.import_utils import load_class_from_fqn
+
+    entry = OmegaConf.load(REPO_ROOT / "configs" / "verl_agent_loops.yaml")[0]
+    assert entry.name == "rapo_env_agent"
+    assert load_class_from_fqn(entry._target_, "agent loop") is RapoEnvAgentLoop
 
 
 def test_prepared_rows_round_trip_through_parquet(tmp_path):
@@ -206,12 +212,73 @@ def test_prepared_rows_round_trip_through_parquet(tmp_path):
     assert table[0]["extra_info"]["env_kwargs"]["split"] == "validation"
 
 
+class ScriptedServer:
+    """verl's rollout-server interface (``generate`` -> ``TokenOutput``) over a real rapo ScriptedPolicy."""
+
+    def __init__(self, policy):
+        self.policy = policy
+        self.requests = []
+
+    async def generate(self, request_id, prompt_ids, sampling_params, **_):
+        from verl.workers.rollout.replica import TokenOutput
+
+        from rapo_agents.policies import SamplingParams
+
+        self.requests.append(sampling_params)
+        params = SamplingParams(max_new_tokens=sampling_params["max_tokens"], stop=tuple(sampling_params["stop"]))
+        generation = self.policy.generate([prompt_ids], params)[0]
+        return TokenOutput(token_ids=generation.token_ids, log_probs=generation.logprobs, stop_reason="completed")
+
+
+@pytest.mark.parametrize("session_id", [0, 1], ids=["on-policy", "hybrid"])
+def test_agent_loop_plays_a_rapo_episode_with_retrieval(policy_tokenizer_dir, session_id):
+    import asyncio
+
+    from omegaconf import OmegaConf
+    from transformers import AutoTokenizer
+    from verl.experimental.agent_loop.agent_loop import DictConfigWrap
+
+    from rapo_agents.integrations.verl.agent_loop import RapoEnvAgentLoop
+    from rapo_agents.policies import ScriptedPolicy
+    from rapo_buffers.candidates import Candidate, StaticRetriever
+
+    tokenizer = AutoTokenizer.from_pretrained(policy_tokenizer_dir)
+    turns = ["<python>\nprint(6 * 7)\n</python>", "<answer>\\boxed{42}</answer>"]
+    trace = "<python>\nprint(1)\n</python> <result>\n1\n</result>"
+    config = OmegaConf.create({"actor_rollout_ref": {"rollout": {"response_length": 512, "prompt_length": 1024}},
+                               "data": {}})
+    server = ScriptedServer(ScriptedPolicy(turns, tokenizer=tokenizer))
+    loop = RapoEnvAgentLoop(
+        trainer_config=DictConfigWrap(config), server_manager=server, tokenizer=tokenizer, processor=None,
+        dataset_cls=None, data_config=DictConfigWrap(config.data), name="rapo_env_agent",
+        env_kwargs={"num_tasks": 4, "sandbox": "subprocess"},
+        retrieval={"retriever": StaticRetriever([Candidate(trace, 1.0, 0.9)]), "retrieve_prob": 1.0,
+                   "no_retrieve_first_k": 1, "group_size": 2},
+    )
+    output = asyncio.run(loop.run({"temperature": 1.0, "logprobs": True}, extra_info={"task_index": 1},
+                                  session_id=session_id))
+    record = output.extra_fields["rapo"]
+    ids, mask = output.response_ids, output.response_mask
+    assert tokenizer.decode([t for t, m in zip(ids, mask, strict=True) if m]) == "".join(turns)
+    assert [tokenizer.decode(ids[a:b]) for a, b in record["step_spans"]] == turns
+    assert all(m == 1 for a, b in record["step_spans"] for m in mask[a:b])
+    assert sum(mask) == sum(b - a for a, b in record["step_spans"])
+    assert all(params["stop"] and params["include_stop_str_in_output"] for params in server.requests)
+    assert output.response_logprobs is not None and len(output.response_logprobs) == len(ids)
+    if session_id == 0:
+        assert record["retrieved_after"] == [0, 0] and record["retrieval_tokens"] == 0 and record["f_ret"] == 0.0
+    else:
+        observation = tokenizer.decode(ids[record["step_spans"][0][1] : record["step_spans"][1][0]])
+        assert record["retrieved_after"] == [1, 0] and trace in observation
+        assert record["f_ret"] == pytest.approx(record["retrieval_tokens"] / len(ids)) and record["f_ret"] > 0
+
+
 def _gpu_ready() -> bool:
-    return torch.cuda.is_available() and shutil.which("nvidia-smi") is not None and bool(os.environ.get("RAPO_VERL_MODEL"))
+    return torch.cuda.is_available() and shutil.which("nvidia-smi") is not None and "RAPO_VERL_MODEL" in os.environ
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not _gpu_ready(), reason="a real verl run needs CUDA, verl[vllm] and RAPO_VERL_MODEL (a local model path)")
+@pytest.mark.skipif(not _gpu_ready(), reason="needs CUDA, verl[vllm] and RAPO_VERL_MODEL (a local model path)")
 def test_two_real_verl_training_steps(tmp_path):
     subprocess.run(
         [sys.executable, "scripts/verl/prepare_data.py", "--out", str(tmp_path), "--num-tasks", "64"],

@@ -36,7 +36,7 @@ def test_logprobs_entropies_and_top_k_match_a_separate_forward_pass(tiny_policy)
     torch.testing.assert_close(torch.tensor(generation.logprobs), chosen, atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(torch.tensor(generation.entropies), entropies, atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(torch.tensor(generation.top_logprobs), top, atol=1e-4, rtol=1e-4)
-    for ids, values in zip(generation.top_token_ids, generation.top_logprobs):
+    for ids, values in zip(generation.top_token_ids, generation.top_logprobs, strict=True):
         assert len(ids) == 10 and values == sorted(values, reverse=True)
 
 
@@ -45,7 +45,7 @@ def test_left_padding_does_not_change_results(tiny_policy):
     short_context = encode(tiny_policy, "short")
     alone = [tiny_policy.generate([c], GREEDY)[0] for c in (long_context, short_context)]
     together = tiny_policy.generate([long_context, short_context], GREEDY)
-    for single, batched in zip(alone, together):
+    for single, batched in zip(alone, together, strict=True):
         assert single.token_ids == batched.token_ids
         torch.testing.assert_close(torch.tensor(single.logprobs), torch.tensor(batched.logprobs), atol=1e-4, rtol=1e-4)
 

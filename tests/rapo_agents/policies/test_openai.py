@@ -50,7 +50,7 @@ def test_openai_policy_matches_the_local_policy(tiny_policy, server_url, token_i
         client.close()
     local = tiny_policy.generate(contexts, params)
     assert client.model == "tiny"
-    for r, g in zip(remote, local):
+    for r, g in zip(remote, local, strict=True):
         assert r.token_ids == g.token_ids and r.text == g.text and r.finish_reason == "length"
         torch.testing.assert_close(torch.tensor(r.logprobs), torch.tensor(g.logprobs), atol=1e-4, rtol=1e-4)
         assert r.entropy_kind == "top_k" and len(r.top_logprobs[0]) == 5

@@ -1,7 +1,7 @@
 """Token-id wrappers on a plain Gymnasium text env and on a text env from another PyPI package (GEM).
 
-The tokenizer is SmolLM2's (byte-level BPE, exact round trips), saved once to a temp folder so
-that every wrapper loads it by path, as a spec rebuild or an unpickle would.
+The tokenizer is SmolLM2's (byte-level BPE, exact round trips) from rapo's model cache; every
+wrapper loads it by path, as a spec rebuild or an unpickle would.
 """
 
 from __future__ import annotations
@@ -47,15 +47,9 @@ class CalculatorEnv(gym.Env):
 
 
 @pytest.fixture(scope="module")
-def tokenizer_dir(tmp_path_factory) -> str:
-    from transformers import AutoTokenizer
-
-    from rapo_tools.models import default_policy_gguf
-
-    directory, gguf_file = default_policy_gguf()
-    path = tmp_path_factory.mktemp("tokenizer")
-    AutoTokenizer.from_pretrained(directory, gguf_file=gguf_file).save_pretrained(path)
-    return str(path)
+def tokenizer_dir(policy_tokenizer_dir) -> str:
+    """SmolLM2's tokenizer (byte-level BPE: exact round trips), loaded by path as a spec rebuild would."""
+    return policy_tokenizer_dir
 
 
 @pytest.fixture(scope="module")

@@ -126,23 +126,26 @@ class _LocalServer:
 
     def __init__(self) -> None:
         self.listener = socket.create_server(("127.0.0.1", 0))
-        self.listener.settimeout(5)
+        self.listener.settimeout(0.1)
         self.port = self.listener.getsockname()[1]
         self.connected = False
+        self.stopping = threading.Event()
         self.thread = threading.Thread(target=self._accept, daemon=True)
         self.thread.start()
 
     def _accept(self) -> None:
-        try:
-            connection, _ = self.listener.accept()
+        while not self.stopping.is_set():
+            try:
+                connection, _ = self.listener.accept()
+            except OSError:
+                continue
             self.connected = True
             connection.close()
-        except OSError:
-            pass
 
     def close(self) -> None:
+        self.stopping.set()
+        self.thread.join(timeout=5)
         self.listener.close()
-        self.thread.join(timeout=6)
 
 
 def test_no_network_to_localhost_or_outside(target):

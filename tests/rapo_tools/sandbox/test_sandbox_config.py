@@ -51,7 +51,7 @@ def test_missing_isolation_fails_loudly():
 
 def test_unsandboxed_mode_warns_and_still_runs_code():
     config = {"bwrap_path": "/nonexistent/bwrap", "allow_unsandboxed": True, "pool_size": 1,
-              "preload_modules": ["math"], "timeout_s": 3}
+              "preload_modules": ["math"], "timeout_s": 1}
     with pytest.warns(RuntimeWarning, match="WITHOUT isolation"):
         sandbox = PythonSandbox(config)
     try:
@@ -135,3 +135,18 @@ def test_a_forked_process_starts_its_own_workers(single_worker_sandbox):
     os.waitpid(pid, 0)
     assert text == "True 42\n"
     assert single_worker_sandbox.run_sync("3 * 3").text == "9\n"  # the parent's pool still works
+
+
+def test_async_vector_env_workers_run_the_local_sandbox():
+    """Env worker processes are daemons (no multiprocessing children): the pool uses plain subprocesses."""
+    gym = pytest.importorskip("gymnasium")
+    pytest.importorskip("rapo_env")
+    envs = gym.make_vec("RAPO-Math-v0", num_envs=2, vectorization_mode="async", num_tasks=2,
+                        sandbox={"preload_modules": ["math"], "timeout_s": 5})
+    try:
+        envs.reset(seed=0)
+        observations, _, _, _, infos = envs.step(["<python>\nimport math\nprint(math.factorial(5))\n</python>"] * 2)
+        assert all(o.startswith(" <result>\n120\n") for o in observations), observations
+        assert list(infos["tool_ok"]) == [True, True]
+    finally:
+        envs.close()

@@ -50,7 +50,8 @@ def test_demuxer_reassembles_frames_split_anywhere():
 
 
 def test_no_engine_is_a_clear_error():
-    with pytest.raises(SandboxUnavailableError, match="no Docker engine answers"):
+    # Without the SDK (the [docker] extra) the error says so; with it, that no engine answers.
+    with pytest.raises(SandboxUnavailableError, match="no Docker engine answers|needs the Docker SDK"):
         PythonSandbox({"backend": "docker", "docker_base_url": "unix:///nonexistent/docker.sock"})
 
 
@@ -66,3 +67,64 @@ def test_containers_run_code_and_contain_attacks():
         assert not sandbox.run_sync("open('/etc/escaped', 'w')").ok
         assert not sandbox.run_sync("import os\nos.kill(os.getppid(), 9)").ok
         assert sandbox.run_sync("import os\nos.listdir('/tmp')").text == "[]\n"
+
+
+class _AttachBridge:
+    """Plays the engine's attach stream for a real worker process: stdin raw, stdout/stderr multiplexed."""
+
+    def __init__(self, worker_argv: list[str]) -> None:
+        import socket
+        import subprocess
+        import threading
+
+        self.engine_side, self.client_side = socket.socketpair()
+        self.process = subprocess.Popen(worker_argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                        stderr=subprocess.PIPE, start_new_session=True)
+        self.removed = False
+        for target in (self._to_worker, self._from_worker):
+            threading.Thread(target=target, daemon=True).start()
+
+    def _to_worker(self) -> None:
+        try:
+            while data := self.engine_side.recv(65536):
+                self.process.stdin.write(data)
+                self.process.stdin.flush()
+        except OSError:
+            pass  # the worker died: its stdin is gone
+
+    def _from_worker(self) -> None:
+        import os
+
+        try:
+            while data := os.read(self.process.stdout.fileno(), 65536):
+                self.engine_side.sendall(struct.pack(">BxxxI", 1, len(data)) + data)
+        finally:
+            self.engine_side.close()  # as the engine ends the attach stream when the container stops
+
+    def remove(self, force: bool = False) -> None:  # the container API the worker calls on close
+        self.removed = True
+        self.process.kill()
+        self.process.wait()
+
+
+def test_docker_worker_protocol_over_a_multiplexed_socket():
+    import json
+    import sys
+
+    from rapo_tools.aio import run_sync
+    from rapo_tools.sandbox.docker_backend import DockerWorker, worker_settings
+    from rapo_tools.sandbox.pool import WorkerLostError
+    from rapo_tools.sandbox.worker import worker_source
+
+    settings = {**worker_settings(SandboxConfig(backend="docker", preload_modules=("math",)), light=True),
+                "scratch_dirs": [], "own_pid_namespace": False}  # a plain process here, not a container
+    bridge = _AttachBridge([sys.executable, "-I", "-c", worker_source(), json.dumps(settings)])
+    worker = DockerWorker(bridge, bridge.client_side)
+    assert worker.exchange(None, 30)["ready"] is True
+    message = {"code": "import math\nmath.factorial(4)", "timeout_s": 5, "max_output_bytes": 1000}
+    reply = run_sync(worker.request(message, 10))
+    assert reply["stdout"] == "24\n" and reply["exit_code"] == 0
+    bridge.process.kill()  # the container dies: the next request reports a lost worker
+    with pytest.raises(WorkerLostError):
+        run_sync(worker.request(message, 5))
+    assert not worker.alive and bridge.removed

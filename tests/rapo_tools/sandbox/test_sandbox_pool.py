@@ -27,6 +27,8 @@ class RecordingWorker(Worker):
             if message["code"] == "die":
                 self.alive = False
                 raise WorkerLostError("killed by the code")
+            if message["code"] == "retire":
+                self.alive = False  # answered, but cannot take another call
             return {"echo": message["code"]}
         finally:
             self.active[0] -= 1
@@ -94,6 +96,18 @@ def test_a_dead_worker_is_replaced():
 
     reply, spawned = run_sync(scenario())
     assert reply == {"echo": "after"} and spawned == [0, 0]
+
+
+def test_a_retiring_worker_answers_and_is_replaced():
+    async def scenario():
+        pool, _, _, spawned = _pool(size=1)
+        first = await pool.execute({"code": "retire"}, 1.0)
+        second = await pool.execute({"code": "next"}, 1.0)
+        await pool.close()
+        return first, second, spawned
+
+    first, second, spawned = run_sync(scenario())
+    assert first == {"echo": "retire"} and second == {"echo": "next"} and spawned == [0, 0]
 
 
 def test_a_worker_that_cannot_start_is_reported_and_retried():

@@ -81,3 +81,9 @@ def test_async_api_runs_calls_concurrently(sandbox):
 
     results = asyncio.run(many())
     assert [r.text for r in results] == [f"{i * i}\n" for i in range(6)]
+
+
+def test_code_that_closes_its_output_may_keep_working(sandbox):
+    code = "import os, time\nprint('first', flush=True)\nos.close(1)\nos.close(2)\ntime.sleep(0.3)\nos._exit(0)"
+    result = sandbox.run_sync(code)
+    assert result.ok and result.text == "first\n"

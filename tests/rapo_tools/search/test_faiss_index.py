@@ -37,12 +37,12 @@ def test_flat_and_hnsw_find_each_vector_itself(vectors, kind):
 
 
 def test_ivfpq_trains_on_a_stream_and_clamps_its_cluster_count(vectors):
-    config = IndexConfig(kind="ivfpq", ivf_nlist=4096, pq_m=8, ivf_nprobe=16, train_size=1_500)
+    config = IndexConfig(kind="ivfpq", ivf_nlist=4096, pq_m=8, pq_nbits=6, ivf_nprobe=16, train_size=1_500)
     stream = (vectors[start : start + 300] for start in range(0, len(vectors), 300))
     index = build_index(stream, config, total=len(vectors), show_progress=False)
     assert index.ntotal == len(vectors)
     assert index.nlist == 1_500 // 39  # too few training points for 4096 clusters
-    assert _self_recall(index, vectors) > 0.5  # compressed codes: approximate, far above chance
+    assert _self_recall(index, vectors) > 0.3  # compressed codes: approximate, far above chance (1/2000)
 
 
 def test_save_and_load_round_trip_with_sidecar(tmp_path, vectors):

@@ -21,13 +21,22 @@ import pytest
 BING_KEY = "test-bing-key"
 BRAVE_KEY = "test-brave-key"
 PAGES = {
-    "ada": ("Ada Lovelace", "Ada Lovelace was an English mathematician and writer. She is chiefly known for her work on "
-            "Charles Babbage's proposed mechanical general-purpose computer, the Analytical Engine. "
-            "She was born in London in 1815."),
-    "babbage": ("Charles Babbage", "Charles Babbage was an English polymath who originated the concept of a digital "
-                "programmable computer. He designed the Difference Engine and the Analytical Engine."),
-    "nile": ("Nile", "The Nile is a major north-flowing river in northeastern Africa. It flows into the Mediterranean Sea "
-             "and is about 6,650 km long."),
+    "ada": (
+        "Ada Lovelace",
+        "Ada Lovelace was an English mathematician and writer. She is chiefly known for her work on "
+        "Charles Babbage's proposed mechanical general-purpose computer, the Analytical Engine. "
+        "She was born in London in 1815.",
+    ),
+    "babbage": (
+        "Charles Babbage",
+        "Charles Babbage was an English polymath who originated the concept of a digital "
+        "programmable computer. He designed the Difference Engine and the Analytical Engine.",
+    ),
+    "nile": (
+        "Nile",
+        "The Nile is a major north-flowing river in northeastern Africa. It flows into the Mediterranean Sea "
+        "and is about 6,650 km long.",
+    ),
 }
 
 
@@ -35,21 +44,33 @@ def page_html(slug: str) -> str:
     title, text = PAGES[slug]
     sentences = "".join(f"<p>{sentence.strip()}.</p>" for sentence in text.split(". ") if sentence.strip())
     links = "".join(f'<li><a href="/pages/{other}">{PAGES[other][0]}</a></li>' for other in PAGES if other != slug)
-    return (f"<!DOCTYPE html><html><head><title>{title}</title></head><body>"
-            f"<nav><a href='/'>Home</a> | <a href='/about'>About us</a> | <a href='/contact'>Contact</a></nav>"
-            f"<article><h1>{title}</h1>{sentences}<h2>Related</h2><ul>{links}</ul></article>"
-            "<footer>Copyright Test Wiki. Cookie settings. Privacy policy.</footer></body></html>")
+    return (
+        f"<!DOCTYPE html><html><head><title>{title}</title></head><body>"
+        f"<nav><a href='/'>Home</a> | <a href='/about'>About us</a> | <a href='/contact'>Contact</a></nav>"
+        f"<article><h1>{title}</h1>{sentences}<h2>Related</h2><ul>{links}</ul></article>"
+        "<footer>Copyright Test Wiki. Cookie settings. Privacy policy.</footer></body></html>"
+    )
 
 
 def _matches(query: str) -> list[str]:
     words = set(re.findall(r"\w+", query.lower()))
-    scored = [(len(words & set(re.findall(r"\w+", (title + " " + text).lower()))), slug) for slug, (title, text) in PAGES.items()]
+    scored = [
+        (len(words & set(re.findall(r"\w+", (title + " " + text).lower()))), slug)
+        for slug, (title, text) in PAGES.items()
+    ]
     return [slug for score, slug in sorted(scored, reverse=True) if score > 0]
 
 
 def build_test_web_app():
     from fastapi import FastAPI, Header, HTTPException, Request
-    from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, RedirectResponse, Response, StreamingResponse
+    from fastapi.responses import (
+        HTMLResponse,
+        JSONResponse,
+        PlainTextResponse,
+        RedirectResponse,
+        Response,
+        StreamingResponse,
+    )
 
     app = FastAPI()
     app.state.search_requests = collections.Counter()
@@ -111,10 +132,24 @@ def build_test_web_app():
 
     def bing_answer(request: Request, q: str, count: int) -> dict:
         base = str(request.base_url).rstrip("/")
-        values = [{"name": PAGES[slug][0], "url": f"{base}/pages/{slug}", "snippet": f"<b>{PAGES[slug][0]}</b>: {PAGES[slug][1][:120]}",
-                   "displayUrl": f"{base}/pages/{slug}"} for slug in _matches(q)[:count]]
-        return {"_type": "SearchResponse", "queryContext": {"originalQuery": q},
-                "webPages": {"totalEstimatedMatches": len(values), "value": values}} if values else {"_type": "SearchResponse"}
+        values = [
+            {
+                "name": PAGES[slug][0],
+                "url": f"{base}/pages/{slug}",
+                "snippet": f"<b>{PAGES[slug][0]}</b>: {PAGES[slug][1][:120]}",
+                "displayUrl": f"{base}/pages/{slug}",
+            }
+            for slug in _matches(q)[:count]
+        ]
+        return (
+            {
+                "_type": "SearchResponse",
+                "queryContext": {"originalQuery": q},
+                "webPages": {"totalEstimatedMatches": len(values), "value": values},
+            }
+            if values
+            else {"_type": "SearchResponse"}
+        )
 
     def check_key(key: str | None, expected: str) -> None:
         if key != expected:
@@ -143,8 +178,14 @@ def build_test_web_app():
     def brave(request: Request, q: str, count: int = 10, x_subscription_token: str | None = Header(None)) -> dict:
         check_key(x_subscription_token, BRAVE_KEY)
         base = str(request.base_url).rstrip("/")
-        results = [{"title": PAGES[slug][0], "url": f"{base}/pages/{slug}", "description": f"About <strong>{PAGES[slug][0]}</strong>"}
-                   for slug in _matches(q)[:count]]
+        results = [
+            {
+                "title": PAGES[slug][0],
+                "url": f"{base}/pages/{slug}",
+                "description": f"About <strong>{PAGES[slug][0]}</strong>",
+            }
+            for slug in _matches(q)[:count]
+        ]
         return {"type": "search", "web": {"type": "search", "results": results}}
 
     @app.post("/v1/chat/completions")
@@ -158,8 +199,12 @@ def build_test_web_app():
         keywords = set(re.findall(r"\w{4,}", question))
         relevant = [s for s in page.split(". ") if keywords & set(re.findall(r"\w{4,}", s.lower()))]
         reply = ". ".join(relevant) if relevant else "No relevant information."
-        return {"id": "chatcmpl-test", "object": "chat.completion", "model": body.get("model", "test"),
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": reply}, "finish_reason": "stop"}]}
+        return {
+            "id": "chatcmpl-test",
+            "object": "chat.completion",
+            "model": body.get("model", "test"),
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": reply}, "finish_reason": "stop"}],
+        }
 
     return app
 

@@ -101,7 +101,10 @@ def test_summary_through_an_openai_compatible_endpoint(web_url, test_web):
     assert result.ok and "Summary:" in result.text and "born in London in 1815" in result.text
     assert "Related" not in result.text  # the summary replaced the page text
     request = test_web[1].state.chat_requests[-1]
-    assert request["model"] == "summariser" and "In which city was Ada Lovelace born?" in request["messages"][-1]["content"]
+    assert (
+        request["model"] == "summariser"
+        and "In which city was Ada Lovelace born?" in request["messages"][-1]["content"]
+    )
 
 
 def test_dead_summariser_fails_the_call_cleanly(web_url):

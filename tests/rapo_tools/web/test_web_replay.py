@@ -41,7 +41,7 @@ def test_every_recorded_query_replays_its_recorded_text(provider, recorded):
 
 def test_lookup_ignores_case_spacing_and_the_query_prefix(provider, recorded):
     prefixed = next(query for query in recorded if query.startswith("search query: "))
-    bare = prefixed[len("search query: "):]
+    bare = prefixed[len("search query: ") :]
     assert provider.lookup("  " + bare.upper() + "  ") == provider.lookup(prefixed)
 
 

@@ -70,8 +70,16 @@ def test_provider_that_stays_down_fails_cleanly(web_url, bing_key):
 
 
 def test_unreachable_provider_fails_cleanly(bing_key):
-    with WebSearchTool({"provider": "bing", "endpoint": "http://127.0.0.1:9/v7.0/search", "api_key_env": bing_key,
-                        "retries": 1, "backoff_s": 0.01, "timeout_s": 1.0}) as tool:
+    with WebSearchTool(
+        {
+            "provider": "bing",
+            "endpoint": "http://127.0.0.1:9/v7.0/search",
+            "api_key_env": bing_key,
+            "retries": 1,
+            "backoff_s": 0.01,
+            "timeout_s": 1.0,
+        }
+    ) as tool:
         result = tool.call("anything")
     assert not result.ok and result.error == "service_unavailable"
 
@@ -111,7 +119,10 @@ def test_bad_queries_are_refused_with_a_reason(web_url, bing_key):
 
 def test_bing_parser_tolerates_odd_answers():
     assert parse_bing({"_type": "SearchResponse"}, 10) == []
-    assert parse_bing({"webPages": {"value": [None, {"name": "T", "url": "u", "snippet": "a &amp; b"}]}}, 10)[0].snippet == "a & b"
+    assert (
+        parse_bing({"webPages": {"value": [None, {"name": "T", "url": "u", "snippet": "a &amp; b"}]}}, 10)[0].snippet
+        == "a & b"
+    )
 
 
 def test_config_rejects_unknown_provider():
@@ -122,6 +133,9 @@ def test_config_rejects_unknown_provider():
 
 
 def test_rate_limit_is_shared_by_tools_of_one_endpoint(web_url, bing_key):
-    with bing_tool(web_url, bing_key, rate_per_s=50.0) as first, bing_tool(web_url, bing_key, rate_per_s=50.0) as second:
+    with (
+        bing_tool(web_url, bing_key, rate_per_s=50.0) as first,
+        bing_tool(web_url, bing_key, rate_per_s=50.0) as second,
+    ):
         assert first._limiter is second._limiter
         assert first.call("Nile").ok and second.call("Nile").ok

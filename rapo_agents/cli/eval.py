@@ -1,0 +1,69 @@
+"""``rapo eval``: evaluate a policy on any registered env; per-question JSONL, resumable, with a summary table.
+
+Example:
+    rapo eval --env RAPO-Math-v0 --limit 20 --output runs/eval_math.jsonl
+    rapo eval --env RAPO-Math-v0 --env-kwargs '{"dataset": "../shared/data/math/gsm8k_test.jsonl"}' --greedy
+    rapo eval --policy openai --base-url http://127.0.0.1:8000/v1 --tokenizer path/to/tokenizer
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+HELP = "Evaluate a policy on an env (math-verify accuracy for math; EM/F1 for QA and web); resumable JSONL."
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from rapo_agents.evaluation import EvalConfig
+    from rapo_agents.policies.factory import add_policy_arguments
+
+    defaults = EvalConfig()
+    parser.add_argument("--env", default=defaults.env, help="registered env id")
+    parser.add_argument("--env-kwargs", default="{}",
+                        help="JSON dict of gym.make keyword arguments (dataset, split, ...)")
+    add_policy_arguments(parser)
+    parser.add_argument("--limit", type=int, default=None, help="evaluate the first N questions")
+    parser.add_argument("--rollouts", type=int, default=1, help="rollouts per question")
+    parser.add_argument("--greedy", action="store_true", help="greedy decoding (temperature 0)")
+    parser.add_argument("--temperature", type=float, default=defaults.temperature)
+    parser.add_argument("--top-p", type=float, default=defaults.top_p)
+    parser.add_argument("--top-k", type=int, default=defaults.top_k)
+    parser.add_argument("--max-tokens", type=int, default=defaults.max_response_tokens, help="response token budget")
+    parser.add_argument("--max-tool-calls", type=int, default=None,
+                        help="tool-call limit (default: 5 for python-only envs, 10 with search)")
+    parser.add_argument("--metric", default="auto", choices=["auto", "math", "qa"])
+    parser.add_argument("--output", default=None, help="per-question JSONL (default runs/eval_<env>.jsonl)")
+    parser.add_argument("--no-resume", action="store_true", help="start over instead of skipping rows in --output")
+    parser.add_argument("--seed", type=int, default=0)
+
+
+def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from rapo_agents.evaluation import EvalConfig, evaluate
+    from rapo_agents.policies.factory import policy_from_args
+
+    try:
+        env_kwargs = json.loads(args.env_kwargs)
+    except json.JSONDecodeError as error:
+        raise SystemExit(f"--env-kwargs is not valid JSON: {error}") from error
+    config = EvalConfig(
+        env=args.env, env_kwargs=env_kwargs, limit=args.limit, rollouts=args.rollouts,
+        temperature=0.0 if args.greedy else args.temperature, top_p=args.top_p, top_k=args.top_k,
+        max_response_tokens=args.max_tokens, max_tool_calls=args.max_tool_calls, metric=args.metric,
+        output=args.output or f"runs/eval_{args.env}.jsonl", resume=not args.no_resume, seed=args.seed,
+    )
+    report = evaluate(policy_from_args(args), config)
+    summary = report.summary
+    table = Table(title=f"{config.env}: {summary['n']} rollouts ({args.policy}, metric {summary['metric']})")
+    columns = [k for k in ("accuracy", "em", "f1", "mean_reward", "mean_tool_calls", "mean_tokens") if k in summary]
+    for column in columns:
+        table.add_column(column, justify="right")
+    table.add_row(*(f"{summary[c]:.3f}" if c in ("accuracy", "em", "f1", "mean_reward") else f"{summary[c]:.1f}"
+                    for c in columns))
+    console = Console()
+    console.print(table)
+    console.print(f"rows written to {config.output}")
+    return 0

@@ -1,0 +1,210 @@
+"""Evaluation of a policy over any registered env: per-question JSONL, resumable, with a summary table.
+
+The defaults mirror the reference evaluation: temperature 0.6, top-p 0.95, top-k 20, at most
+4,096 response tokens, up to 5 python calls (math) and 10 search calls (QA and web).
+Metrics are computed on the policy's final answer (the ``\\boxed{}`` of its ``<answer>``):
+accuracy by math-verify for math; exact match and token F1 (SQuAD normalisation, best over
+the gold aliases) for QA and web. Every rollout is one JSONL row, appended as soon as it
+ends, so an interrupted run resumes where it stopped.
+
+Example:
+    >>> from rapo_agents.policies import ScriptedPolicy
+    >>> import tempfile, os
+    >>> policy = ScriptedPolicy(["<python>\\nprint(1)\\n</python>", "<answer>\\\\boxed{1}</answer>"])
+    >>> out = os.path.join(tempfile.mkdtemp(), "eval.jsonl")
+    >>> report = evaluate(policy, EvalConfig(env_kwargs={"num_tasks": 2, "sandbox": "subprocess"},
+    ...                                      limit=2, output=out, show_progress=False))
+    >>> report.summary["n"], report.summary["mean_tool_calls"]
+    (2, 1.0)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from rapo_agents.policies.base import Policy
+from rapo_agents.rollout.engine import RolloutConfig, RolloutEngine, make_env_factory
+from rapo_env.rewards.equivalence import answers_equivalent
+from rapo_env.rewards.text import best_over_aliases, exact_match, final_answer, token_f1
+from rapo_env.trajectory import Trajectory
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_TOOL_CALLS = {"python": 5, "search": 10}
+"""The reference evaluation's tool-call limits per tool."""
+
+
+@dataclasses.dataclass
+class EvalConfig:
+    """What to evaluate and how."""
+
+    env: str = "RAPO-Math-v0"
+    """Registered env id."""
+    env_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """``gym.make`` keyword arguments (``dataset``, ``split``, ...)."""
+    limit: int | None = None
+    """Evaluate the first ``limit`` questions (None: all)."""
+    rollouts: int = 1
+    """Rollouts per question (rows carry ``rollout_index``)."""
+    temperature: float = 0.6
+    """Sampling temperature (0: greedy)."""
+    top_p: float = 0.95
+    """Nucleus sampling."""
+    top_k: int = 20
+    """Top-k sampling."""
+    max_response_tokens: int = 4096
+    """Token budget of each episode's response."""
+    max_prompt_tokens: int = 2048
+    """Longest templated prompt."""
+    max_tool_calls: int | None = None
+    """Tool-call limit; None: 5 for python-only envs, 10 for envs with search (the reference's)."""
+    metric: str = "auto"
+    """``math`` (math-verify accuracy), ``qa`` (EM and F1) or ``auto`` (math when the env's only tool is python)."""
+    output: str | None = None
+    """Per-question JSONL; rows already there are kept and skipped (resume)."""
+    resume: bool = True
+    """Skip questions whose rows are already in ``output``."""
+    chunk_size: int = 16
+    """Questions per engine run (rows are written as each rollout ends)."""
+    seed: int = 0
+    """Seed of sampling and env resets."""
+    show_progress: bool = True
+    """Show a progress bar."""
+
+
+@dataclasses.dataclass
+class EvalReport:
+    """Rows (one per rollout) and their summary."""
+
+    rows: list[dict[str, Any]]
+    summary: dict[str, Any]
+
+
+def score_answer(prediction: str | None, answers: Sequence[str], metric: str) -> dict[str, float]:
+    """Metrics of one final answer: ``accuracy`` (math) or ``em`` and ``f1`` (qa)."""
+    prediction = prediction or ""
+    if metric == "math":
+        return {"accuracy": float(bool(prediction) and any(answers_equivalent(prediction, g) for g in answers))}
+    if metric == "qa":
+        return {"em": best_over_aliases(exact_match, prediction, answers),
+                "f1": best_over_aliases(token_f1, prediction, answers)}
+    raise ValueError(f"metric must be 'math' or 'qa', not {metric!r}")
+
+
+def row_of(trajectory: Trajectory, answers: Sequence[str], metric: str) -> dict[str, Any]:
+    """The JSONL row of one evaluated rollout."""
+    prediction = final_answer(trajectory.response)
+    response_tokens = len(trajectory.token_ids or []) - (trajectory.prompt_length or 0)
+    return {
+        "task_id": trajectory.task_id,
+        "task_index": trajectory.extra.get("task_index"),
+        "rollout_index": trajectory.rollout_index,
+        "question": trajectory.question,
+        "answers": list(answers),
+        "prediction": prediction,
+        **score_answer(prediction, answers, metric),
+        "reward": trajectory.reward,
+        "format_ok": trajectory.metrics.get("format_ok"),
+        "num_tool_calls": trajectory.num_tool_calls,
+        "response_tokens": response_tokens,
+        "end_reason": trajectory.end_reason,
+        "response": trajectory.response,
+    }
+
+
+def summarize(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Means over rows: the metrics present, reward, tool calls and response tokens."""
+    summary: dict[str, Any] = {"n": len(rows)}
+    for key in ("accuracy", "em", "f1", "reward", "num_tool_calls", "response_tokens"):
+        values = [row[key] for row in rows if isinstance(row.get(key), (int, float))]
+        if values:
+            name = {"num_tool_calls": "mean_tool_calls", "response_tokens": "mean_tokens",
+                    "reward": "mean_reward"}.get(key, key)
+            summary[name] = sum(values) / len(values)
+    return summary
+
+
+def read_rows(path: str | Path) -> list[dict[str, Any]]:
+    """Rows of an eval JSONL; unreadable lines are skipped with a warning."""
+    rows, skipped = [], 0
+    path = Path(path)
+    if not path.is_file():
+        return rows
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            if isinstance(row, dict) and "task_index" in row and "rollout_index" in row:
+                rows.append(row)
+                continue
+        except json.JSONDecodeError:
+            pass
+        skipped += 1
+    if skipped:
+        logger.warning("%s: skipped %d unreadable lines", path, skipped)
+    return rows
+
+
+def _env_kwargs_with_limits(config: EvalConfig, tools: Sequence[str]) -> dict[str, Any]:
+    kwargs = dict(config.env_kwargs)
+    if "max_tool_calls" not in kwargs:
+        reference_limit = max(DEFAULT_TOOL_CALLS.get(tag, 5) for tag in tools or ["python"])
+        kwargs["max_tool_calls"] = config.max_tool_calls or reference_limit
+    return kwargs
+
+
+def evaluate(policy: Policy, config: EvalConfig) -> EvalReport:
+    """Run ``config.rollouts`` rollouts of each question and score them; resumes from ``config.output``."""
+    from tqdm.auto import tqdm
+
+    probe = make_env_factory(config.env, config.env_kwargs)()
+    try:
+        tools = list(getattr(probe.unwrapped, "tool_tags", ()))
+    finally:
+        probe.close()
+    metric = config.metric if config.metric != "auto" else ("math" if tools == ["python"] else "qa")
+    rollout = RolloutConfig(
+        group_size=config.rollouts, max_prompt_tokens=config.max_prompt_tokens,
+        max_response_tokens=config.max_response_tokens, temperature=config.temperature, top_p=config.top_p,
+        top_k=config.top_k, seed=config.seed,
+    )
+    engine = RolloutEngine(config.env, policy, rollout, env_kwargs=_env_kwargs_with_limits(config, tools))
+    output = Path(config.output) if config.output else None
+    rows = read_rows(output) if output is not None and config.resume else []
+    if output is not None and not config.resume and output.exists():
+        output.unlink()
+    done = {(row["task_index"], row["rollout_index"]) for row in rows}
+    try:
+        tasks = engine.tasks
+        count = len(tasks) if config.limit is None else min(config.limit, len(tasks))
+        todo = [q for q in range(count) if any((q, i) not in done for i in range(config.rollouts))]
+        bar = tqdm(total=count * config.rollouts, initial=count * config.rollouts - len(todo) * config.rollouts,
+                   desc=f"eval {config.env}", unit="rollout", disable=not config.show_progress)
+
+        def record(trajectory: Trajectory) -> None:
+            if (trajectory.extra["task_index"], trajectory.rollout_index) in done:
+                return  # a rollout of a half-finished question that an earlier run already wrote
+            row = row_of(trajectory, tasks[trajectory.extra["task_index"]].answers, metric)
+            rows.append(row)
+            if output is not None:
+                output.parent.mkdir(parents=True, exist_ok=True)
+                with output.open("a", encoding="utf-8") as handle:
+                    handle.write(json.dumps(row, ensure_ascii=False) + "\n")
+            bar.update(1)
+
+        for start in range(0, len(todo), config.chunk_size):
+            engine.run(todo[start : start + config.chunk_size], on_trajectory=record)
+        bar.close()
+    finally:
+        engine.close()
+    rows = sorted((r for r in rows if r["task_index"] < count),
+                  key=lambda r: (r["task_index"], r["rollout_index"]))
+    rows = list({(r["task_index"], r["rollout_index"]): r for r in rows}.values())
+    summary = {"env": config.env, "metric": metric, **summarize(rows)}
+    return EvalReport(rows=rows, summary=summary)

@@ -1,0 +1,332 @@
+"""RAPO as an skrl 2.x ``Agent``: skrl's ``SequentialTrainer`` trains a rapo policy on a rapo env.
+
+skrl drives one environment step per timestep over a vector env of arrays. `make_skrl_env`
+builds that env from any rapo env id: ``gym.make_vec`` with **SAME_STEP** autoreset (under
+NEXT_STEP skrl would record the reset steps as transitions whose actions the env ignored), the
+retrieval wrapper when asked, and the token-id wrappers (text <-> ``Box`` of token ids), wrapped
+by ``skrl.envs.wrappers.torch.wrap_env(..., wrapper="gymnasium")``.
+
+`RapoSkrlAgent` turns skrl's calls into rapo's episode bookkeeping:
+
+- ``act``: decodes each env's observation, appends it to that episode's token context (the
+  first one of an episode opens it with the chat template), generates one turn per env with the
+  rapo `Policy` (stop at closing tool tags) and returns the turn's token ids as the action;
+- ``record_transition``: keeps rewards, episode ends and ``info["retrieval"]``; a finished episode
+  becomes a `rapo_env.trajectory.Trajectory` (grouped by question for the advantages);
+- ``post_interaction`` -> ``update``: once ``episodes_per_update`` episodes have finished, RAPO's
+  advantages and loss (`rapo_agents.batch.build_batch` + `rapo_agents.update.ppo_update`, spec §5-7).
+
+Checkpoints are off: skrl's would pickle the whole LLM every interval. Save the model with
+``agent.policy.model.save_pretrained(...)`` instead.
+
+Example:
+    >>> RapoSkrlAgentCfg().experiment.checkpoint_interval
+    0
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+from skrl.agents.torch.base import Agent, AgentCfg, ExperimentCfg
+from skrl.envs.wrappers.torch import wrap_env
+
+from rapo_agents.batch import build_batch
+from rapo_agents.policies.base import TOOL_STOP_STRINGS, Policy, SamplingParams
+from rapo_agents.rapo import RAPOConfig
+from rapo_agents.rollout import derive_seed
+from rapo_agents.rollout.episode import EpisodeRecord
+from rapo_agents.update import UpdateSettings, ppo_update
+from rapo_env.trajectory import Trajectory
+from rapo_env.wrappers.token_ids import TokenCodec, TokenIdsAction, TokenIdsObservation
+
+
+def make_skrl_env(
+    env_id: str,
+    tokenizer: str,
+    num_envs: int = 2,
+    observation_tokens: int = 1024,
+    action_tokens: int = 256,
+    env_kwargs: dict[str, Any] | None = None,
+    wrappers: Sequence[Callable[[gym.Env], gym.Env]] = (),
+    tokenizer_kwargs: dict[str, Any] | None = None,
+):
+    """An skrl-wrapped vector env of ``env_id`` with SAME_STEP autoreset and the token-id wrappers.
+
+    Args:
+        env_id: a registered text env (any rapo env).
+        tokenizer: the policy's tokenizer (name or path): observation ids are appended to its contexts as they are.
+        num_envs: parallel episodes (SyncVectorEnv).
+        observation_tokens, action_tokens: sizes of the observation and action arrays.
+        env_kwargs: ``gym.make`` keyword arguments.
+        wrappers: text-level wrappers applied first (e.g. ``StepTraceRetrievalWrapper``).
+        tokenizer_kwargs: extra ``AutoTokenizer.from_pretrained`` keyword arguments.
+    """
+    import rapo_env  # noqa: F401  (registers the rapo env ids)
+
+    def token_ids(env: gym.Env) -> gym.Env:
+        env = TokenIdsObservation(env, tokenizer, observation_tokens, tokenizer_kwargs=tokenizer_kwargs)
+        return TokenIdsAction(env, tokenizer, action_tokens, tokenizer_kwargs=tokenizer_kwargs)
+
+    vector_env = gym.make_vec(
+        env_id,
+        num_envs=num_envs,
+        vectorization_mode="sync",
+        vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP},
+        wrappers=[*wrappers, token_ids],
+        **(env_kwargs or {}),
+    )
+    return wrap_env(vector_env, wrapper="gymnasium")
+
+
+def _no_checkpoints() -> ExperimentCfg:
+    return ExperimentCfg(write_interval=0, checkpoint_interval=0)
+
+
+@dataclasses.dataclass(kw_only=True)
+class RapoSkrlAgentCfg(AgentCfg):
+    """Settings of `RapoSkrlAgent` (RAPO's own knobs are in ``rapo``)."""
+
+    experiment: ExperimentCfg = dataclasses.field(default_factory=_no_checkpoints)
+    """skrl's logging/checkpoint settings; checkpoints must stay off (they would pickle the LLM)."""
+    rapo: RAPOConfig = dataclasses.field(default_factory=RAPOConfig)
+    """Advantage and loss settings (spec §5-7)."""
+    episodes_per_update: int = 8
+    """Finished episodes collected before one RAPO update."""
+    ppo_epochs: int = 1
+    """Passes over each batch of episodes."""
+    micro_batch_size: int = 4
+    """Sequences per forward/backward."""
+    learning_rate: float = 1e-6
+    """AdamW learning rate (the reference's)."""
+    weight_decay: float = 0.01
+    """AdamW weight decay."""
+    grad_clip: float = 1.0
+    """Global gradient-norm clip."""
+    max_prompt_tokens: int = 512
+    """Longest templated prompt (the user turn is cut from the left beyond it)."""
+    max_response_tokens: int = 1024
+    """Token budget of an episode after its prompt."""
+    max_turn_tokens: int = 128
+    """Most tokens of one policy turn; at most the env's action size."""
+    temperature: float = 1.0
+    """Sampling temperature of the turns."""
+    top_p: float = 1.0
+    """Nucleus sampling of the turns."""
+    seed: int = 0
+    """Seed of the sampling (each turn's seed derives from it, the env slot, the episode and the turn)."""
+
+    def validate(self) -> bool:
+        if self.experiment.checkpoint_interval != 0:
+            raise ValueError("skrl checkpoints would pickle the whole LLM: keep experiment.checkpoint_interval=0")
+        for name in ("episodes_per_update", "ppo_epochs", "micro_batch_size", "max_prompt_tokens",
+                     "max_response_tokens", "max_turn_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        return True
+
+
+class RapoSkrlAgent(Agent):
+    """An skrl agent that plays a rapo `Policy` (its model is trained in place) and learns with RAPO.
+
+    Args:
+        policy: a rapo policy whose ``model`` is a trainable ``torch.nn.Module`` (e.g. ``HFPolicy``).
+        system_prompt: the env's system prompt (``info["system_prompt"]`` of a reset); skrl's ``act``
+            sees no infos.
+        observation_codec, action_codec: the `TokenCodec` s of the env's token-id wrappers.
+        cfg: the agent's settings.
+        observation_space, action_space, device: as for every skrl agent.
+    """
+
+    def __init__(
+        self,
+        *,
+        policy: Policy,
+        system_prompt: str,
+        observation_codec: TokenCodec,
+        action_codec: TokenCodec,
+        cfg: RapoSkrlAgentCfg | None = None,
+        observation_space: gym.Space | None = None,
+        action_space: gym.Space | None = None,
+        device: str | torch.device | None = None,
+    ):
+        cfg = cfg or RapoSkrlAgentCfg()
+        cfg.validate()
+        if not isinstance(getattr(policy, "model", None), torch.nn.Module):
+            raise TypeError("RapoSkrlAgent trains policy.model: give a policy with a torch model (e.g. HFPolicy)")
+        if cfg.max_turn_tokens > action_codec.max_tokens:
+            raise ValueError(
+                f"max_turn_tokens {cfg.max_turn_tokens} exceeds the action array's {action_codec.max_tokens} tokens"
+            )
+        super().__init__(cfg=cfg, models={}, memory=None, observation_space=observation_space,
+                         action_space=action_space, device=device)
+        self.policy = policy
+        self.system_prompt = system_prompt
+        self.observation_codec = observation_codec
+        self.action_codec = action_codec
+        self.tokenizer = policy.tokenizer
+        self.vocab_size = int(getattr(policy, "vocab_size", None) or len(self.tokenizer))
+        self.optimizer = torch.optim.AdamW(
+            policy.model.parameters(), lr=cfg.learning_rate, weight_decay=cfg.weight_decay
+        )
+        self.records: list[EpisodeRecord | None] = []
+        self.questions: list[str] = []
+        self.rewards: list[float] = []
+        self.pending_retrieval: list[dict[str, Any] | None] = []
+        self.episodes_started = 0
+        self.episode_ids: list[int] = []
+        self.finished: list[Trajectory] = []
+        self.update_stats: list[dict[str, float]] = []
+
+    # ---- skrl's interface ---------------------------------------------------------------------------
+
+    def act(self, observations: torch.Tensor, states: torch.Tensor | None, *, timestep: int, timesteps: int):
+        """One policy turn per env: returns ``(actions, {})`` with ``actions`` the turns' token-id arrays."""
+        count = observations.shape[0]
+        self._ensure_slots(count)
+        for slot in range(count):
+            text = self.observation_codec.decode(observations[slot].cpu().numpy())
+            record = self.records[slot]
+            if record is None:
+                self._start_episode(slot, text)
+            else:
+                record.add_observation(text, self.pending_retrieval[slot])
+                self.pending_retrieval[slot] = None
+        params = [self._sampling(slot) for slot in range(count)]
+        generations = self.policy.generate([self.records[slot].token_ids for slot in range(count)], params)
+        actions = np.full((count, self.action_codec.max_tokens), self.action_codec.pad_id, dtype=np.int64)
+        for slot, generation in enumerate(generations):
+            step = self.records[slot].add_generation(generation, self.vocab_size)
+            tokens = self.records[slot].token_ids[step.token_start : step.token_end]
+            actions[slot, : len(tokens)] = tokens
+        return torch.as_tensor(actions, device=self.device), {}
+
+    def record_transition(self, *, observations, states, actions, rewards, next_observations, next_states,
+                          terminated, truncated, infos, timestep: int, timesteps: int) -> None:
+        super().record_transition(
+            observations=observations, states=states, actions=actions, rewards=rewards,
+            next_observations=next_observations, next_states=next_states, terminated=terminated,
+            truncated=truncated, infos=infos, timestep=timestep, timesteps=timesteps,
+        )
+        done = (terminated | truncated).view(-1).tolist()
+        step_rewards = rewards.view(-1).tolist()
+        for slot, ended in enumerate(done):
+            self.rewards[slot] += float(step_rewards[slot])
+            step_info = self._slot_info(infos.get("final_info", {}), slot) if ended else self._slot_info(infos, slot)
+            self.records[slot].steps[-1].tool = step_info.get("tool")
+            self.records[slot].steps[-1].tool_ok = step_info.get("tool_ok")
+            if ended:
+                self.finished.append(self._trajectory(slot, step_info))
+                self.records[slot] = None  # SAME_STEP: the next observation opens a new episode
+            else:
+                retrieval = step_info.get("retrieval")
+                self.pending_retrieval[slot] = dict(retrieval) if retrieval else None
+                self.records[slot].steps[-1].retrieval = self.pending_retrieval[slot]
+
+    def pre_interaction(self, *, timestep: int, timesteps: int) -> None:
+        """Nothing to prepare: rollouts are the agent's own episode records."""
+
+    def post_interaction(self, *, timestep: int, timesteps: int) -> None:
+        if self.training and len(self.finished) >= self.cfg.episodes_per_update:
+            self.update(timestep=timestep, timesteps=timesteps)
+        super().post_interaction(timestep=timestep, timesteps=timesteps)
+
+    def update(self, *, timestep: int, timesteps: int) -> None:
+        """One RAPO update (spec §5-7) on the finished episodes, grouped by question."""
+        trajectories, self.finished = self.finished, []
+        # Trajectories carry the question as task id, so build_batch groups the rollouts of one question.
+        batch = build_batch(trajectories, self.action_codec.pad_id, config=self.cfg.rapo)
+        stats = ppo_update(
+            self.policy.model,
+            self.optimizer,
+            batch,
+            self.cfg.rapo,
+            UpdateSettings(
+                mini_batch_rows=len(trajectories),
+                micro_batch_size=self.cfg.micro_batch_size,
+                ppo_epochs=self.cfg.ppo_epochs,
+                grad_clip=self.cfg.grad_clip,
+            ),
+        )
+        self.policy.model.eval()  # generation mode until the next update
+        stats.update({
+            "rapo/reward_mean": batch.rewards.mean().item(),
+            "rapo/z_ret_mean": batch.z_ret.mean().item(),
+            "rapo/f_ret_mean": batch.f_ret.mean().item(),
+            "rapo/episodes": float(len(trajectories)),
+        })
+        self.update_stats.append(stats)
+        for name, value in stats.items():
+            self.track_data(name, value)
+
+    # ---- bookkeeping ----------------------------------------------------------------------------------
+
+    def _ensure_slots(self, count: int) -> None:
+        while len(self.records) < count:
+            self.records.append(None)
+            self.questions.append("")
+            self.rewards.append(0.0)
+            self.pending_retrieval.append(None)
+            self.episode_ids.append(0)
+
+    def _start_episode(self, slot: int, prompt: str) -> None:
+        self.records[slot] = EpisodeRecord.start(
+            self.tokenizer, self.system_prompt, prompt, self.cfg.max_prompt_tokens, self.cfg.max_response_tokens
+        )
+        self.questions[slot] = prompt
+        self.rewards[slot] = 0.0
+        self.pending_retrieval[slot] = None
+        self.episode_ids[slot] = self.episodes_started
+        self.episodes_started += 1
+
+    def _sampling(self, slot: int) -> SamplingParams:
+        record = self.records[slot]
+        budget = max(1, min(self.cfg.max_turn_tokens, record.remaining))
+        return SamplingParams(
+            temperature=self.cfg.temperature, top_p=self.cfg.top_p, max_new_tokens=budget, stop=TOOL_STOP_STRINGS,
+            seed=derive_seed(self.cfg.seed, self.episode_ids[slot], len(record.steps)),
+        )
+
+    @staticmethod
+    def _slot_info(infos: dict[str, Any], slot: int) -> dict[str, Any]:
+        """One sub-env's info out of a vector env's (arrays with ``_key`` presence masks; dicts split per key)."""
+        info: dict[str, Any] = {}
+        for key, values in infos.items():
+            mask = infos.get(f"_{key}")
+            if key.startswith("_") or (mask is not None and not mask[slot]):
+                continue
+            if isinstance(values, dict):
+                info[key] = RapoSkrlAgent._slot_info(values, slot)
+            elif isinstance(values, np.ndarray):
+                info[key] = values[slot]
+        return info
+
+    def _trajectory(self, slot: int, final_info: dict[str, Any]) -> Trajectory:
+        record = self.records[slot]
+        metrics = final_info.get("metrics")
+        return Trajectory(
+            task_id=self.questions[slot],
+            rollout_index=self.episode_ids[slot],
+            question=self.questions[slot],
+            system_prompt=self.system_prompt,
+            prompt=self.questions[slot],
+            steps=list(record.steps),
+            reward=self.rewards[slot],
+            metrics=dict(metrics) if isinstance(metrics, dict) else {},
+            num_tool_calls=int(final_info.get("tool_calls", 0) or 0),
+            end_reason=str(final_info.get("episode_end", "done")),
+            source="skrl",
+            token_ids=list(record.token_ids),
+            loss_mask=list(record.loss_mask),
+            logprobs=list(record.logprobs),
+            prompt_length=record.prompt_length,
+            extra={
+                "retrieval_tokens": record.retrieval_tokens,
+                "retrieval_token_spans": list(record.retrieval_token_spans),
+            },
+        )

@@ -1,0 +1,1 @@
+"""Web search providers: ``bing``, ``brave``, ``replay`` and ``local``, each returning normalised `SearchResult`s."""
