@@ -24,9 +24,7 @@ import contextlib
 import io
 import os
 import random
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -39,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _report import RESULTS_DIR, report  # noqa: E402
+from _servers import free_port, plot_modes, script_server  # noqa: E402
 
 from rapo_agents.scripted import ExpertAgent  # noqa: E402
 from rapo_buffers.builder import build_step_traces  # noqa: E402
@@ -86,10 +85,21 @@ def expert_trajectories(num_tasks: int) -> list[Trajectory]:
                 break
             observation = format_result(run_code(call.argument).strip())
             steps.append(StepRecord(action=action, observation=observation, tool="python", tool_ok=True))
-        trajectories.append(Trajectory(
-            task_id=task.id, rollout_index=0, question=task.question, system_prompt="", prompt=task.question,
-            steps=steps, reward=1.0, metrics={}, num_tool_calls=len(steps) - 1, end_reason="answer", source="expert",
-        ))
+        trajectories.append(
+            Trajectory(
+                task_id=task.id,
+                rollout_index=0,
+                question=task.question,
+                system_prompt="",
+                prompt=task.question,
+                steps=steps,
+                reward=1.0,
+                metrics={},
+                num_tool_calls=len(steps) - 1,
+                end_reason="answer",
+                source="expert",
+            )
+        )
     return trajectories
 
 
@@ -102,48 +112,30 @@ def synthetic_vectors(sample: np.ndarray, count: int, seed: int = 0) -> np.ndarr
     return vectors
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+def server_pid(port: int) -> int | None:
+    """The child process of this one that was started with ``--port <port>`` (for its memory)."""
+    for children in Path("/proc/self/task").glob("*/children"):
+        for pid in children.read_text().split():
+            with contextlib.suppress(OSError):
+                arguments = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+                if str(port).encode() in arguments:
+                    return int(pid)
+    return None
 
 
-@contextlib.contextmanager
-def retrieval_server(corpus: Path, index: Path, micro_batching: bool):
-    """``scripts/retrieve_server.py`` in a subprocess; yields (url, pid) once /health answers."""
-    import httpx
-
-    port = free_port()
-    command = [sys.executable, str(REPO_ROOT / "scripts" / "retrieve_server.py"), "--corpus_path", str(corpus),
-               "--index_path", str(index), "--port", str(port)]
-    if not micro_batching:
-        command.append("--no-micro-batching")
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    log = tempfile.TemporaryFile()
-    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 300
-        while True:
-            if process.poll() is not None:
-                log.seek(0)
-                raise RuntimeError(f"retrieve server exited:\n{log.read().decode()[-2000:]}")
-            try:
-                httpx.get(f"{url}/health", timeout=2.0).raise_for_status()
-                break
-            except httpx.HTTPError:
-                if time.monotonic() > deadline:
-                    raise RuntimeError("retrieve server did not start within 300 s") from None
-                time.sleep(0.5)
-        yield url, process.pid
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-        log.close()
+def retrieval_server(corpus: Path, index: Path, micro_batching: bool, port: int):
+    """``scripts/retrieve_server.py`` in a subprocess; a context manager yielding its URL once /health answers."""
+    command = [
+        sys.executable,
+        str(REPO_ROOT / "scripts" / "retrieve_server.py"),
+        "--corpus_path",
+        str(corpus),
+        "--index_path",
+        str(index),
+        "--port",
+        str(port),
+    ]
+    return script_server(command if micro_batching else [*command, "--no-micro-batching"], port)
 
 
 async def load_test(url: str, queries: list[str], concurrency: int, duration_s: float) -> dict[str, float]:
@@ -208,28 +200,11 @@ def encoder_batching_gain(embedder: Embedder, texts: list[str], repeats: int) ->
         for text in texts:
             embedder.encode([text])
         single.append(len(texts) / (time.perf_counter() - started))
-    return {"batched_per_s": statistics.median(batched), "single_per_s": statistics.median(single),
-            "ratio": statistics.median(batched) / statistics.median(single)}
-
-
-def plot(rows: list[dict], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    levels = sorted({row["concurrency"] for row in rows})
-    figure, axis = plt.subplots(figsize=(6, 4))
-    for offset, mode in ((-0.2, "per-request"), (0.2, "micro-batched")):
-        values = [next(r["qps"] for r in rows if r["mode"] == mode and r["concurrency"] == c) for c in levels]
-        axis.bar([i + offset for i in range(len(levels))], values, width=0.4, label=mode)
-    axis.set_xticks(range(len(levels)), [str(c) for c in levels])
-    axis.set_xlabel("concurrent clients")
-    axis.set_ylabel("queries per second")
-    axis.set_title("/retrieve over a 170k-step buffer (MiniLM on CPU)")
-    axis.legend()
-    figure.tight_layout()
-    figure.savefig(path, dpi=120)
+    return {
+        "batched_per_s": statistics.median(batched),
+        "single_per_s": statistics.median(single),
+        "ratio": statistics.median(batched) / statistics.median(single),
+    }
 
 
 def main() -> int:
@@ -283,8 +258,11 @@ def main() -> int:
     build_rows = [
         {"stage": "generate expert trajectories", "seconds": generate_s, "how": "measured"},
         {"stage": "cut into steps + write JSONL", "seconds": cut_s, "how": "measured"},
-        {"stage": f"embed {len(traces)} keys (MiniLM, CPU)", "seconds": embed_extrapolated_s,
-         "how": f"extrapolated from {len(sample)} keys at {embed_rate:.1f} keys/s"},
+        {
+            "stage": f"embed {len(traces)} keys (MiniLM, CPU)",
+            "seconds": embed_extrapolated_s,
+            "how": f"extrapolated from {len(sample)} keys at {embed_rate:.1f} keys/s",
+        },
         {"stage": "HNSW build (M 32, efC 200)", "seconds": hnsw_s, "how": "measured, synthetic vectors"},
     ]
     memory = {
@@ -301,25 +279,31 @@ def main() -> int:
     from rapo_buffers.text import normalize_context
 
     encoder_gain = encoder_batching_gain(embedder, [normalize_context(q) for q in queries[:32]], args.repeats)
-    print(f"in-process encoder: batch of 32 {encoder_gain['batched_per_s']:.1f}/s, "
-          f"one at a time {encoder_gain['single_per_s']:.1f}/s")
+    print(
+        f"in-process encoder: batch of 32 {encoder_gain['batched_per_s']:.1f}/s, "
+        f"one at a time {encoder_gain['single_per_s']:.1f}/s"
+    )
     del embedder
     modes = {"per-request": False, "micro-batched": True}
     samples: dict[tuple[str, int], list[dict]] = {}
     with contextlib.ExitStack() as stack:
-        servers = {mode: stack.enter_context(retrieval_server(corpus, index_path, batching))
-                   for mode, batching in modes.items()}
-        for mode, (url, pid) in servers.items():
-            warm_up(url, queries)
-            memory[f"server_rss_mb_{mode}"] = rss_mb(pid)
+        servers = {}
+        for mode, batching in modes.items():
+            port = free_port()
+            servers[mode] = stack.enter_context(retrieval_server(corpus, index_path, batching, port))
+            warm_up(servers[mode], queries)
+            pid = server_pid(port)
+            memory[f"server_rss_mb_{mode}"] = rss_mb(pid) if pid else float("nan")
         for concurrency in args.concurrency:
             for repeat in range(args.repeats):
                 order = list(modes) if repeat % 2 == 0 else list(reversed(modes))
                 for mode in order:
-                    result = asyncio.run(load_test(servers[mode][0], queries, concurrency, duration))
+                    result = asyncio.run(load_test(servers[mode], queries, concurrency, duration))
                     samples.setdefault((mode, concurrency), []).append(result)
-                    print(f"{mode:>14} c={concurrency:<3} {result['qps']:.2f} q/s, p50 {result['p50_ms']:.0f} ms, "
-                          f"mean batch {result['mean_batch']:.1f}")
+                    print(
+                        f"{mode:>14} c={concurrency:<3} {result['qps']:.2f} q/s, p50 {result['p50_ms']:.0f} ms, "
+                        f"mean batch {result['mean_batch']:.1f}"
+                    )
     load_rows = []
     for (mode, concurrency), results in samples.items():
         row = {"mode": mode, "concurrency": concurrency, "repeats": len(results)}
@@ -333,20 +317,46 @@ def main() -> int:
         baseline = next(r for r in load_rows if r["mode"] == "per-request" and r["concurrency"] == row["concurrency"])
         row["speedup"] = row["qps"] / baseline["qps"] if baseline["qps"] else float("nan")
 
-    report("retrieval_build", f"Building a {stats.steps}-step buffer (paper: {PAPER_STEPS})",
-           ["stage", "seconds", "how"], build_rows,
-           {"buffer": stats.as_dict(), "memory_mb": memory, "embed_rate_keys_per_s": embed_rate,
-            "cpu_count": os.cpu_count(), "quick": args.quick})
-    report("retrieval", f"/retrieve over {stats.steps} steps: queries per second",
-           ["mode", "concurrency", "qps", "p50_ms", "p95_ms", "mean_batch", "speedup", "requests", "errors"], load_rows,
-           {"buffer_steps": stats.steps, "memory_mb": memory, "duration_s_per_level": duration,
-            "build": build_rows, "cpu_count": os.cpu_count(), "quick": args.quick,
-            "encoder_in_process": encoder_gain, "load_average": os.getloadavg(),
+    report(
+        "retrieval_build",
+        f"Building a {stats.steps}-step buffer (paper: {PAPER_STEPS})",
+        ["stage", "seconds", "how"],
+        build_rows,
+        {
+            "buffer": stats.as_dict(),
+            "memory_mb": memory,
+            "embed_rate_keys_per_s": embed_rate,
+            "cpu_count": os.cpu_count(),
+            "quick": args.quick,
+        },
+    )
+    report(
+        "retrieval",
+        f"/retrieve over {stats.steps} steps: queries per second",
+        ["mode", "concurrency", "qps", "p50_ms", "p95_ms", "mean_batch", "speedup", "requests", "errors"],
+        load_rows,
+        {
+            "buffer_steps": stats.steps,
+            "memory_mb": memory,
+            "duration_s_per_level": duration,
+            "build": build_rows,
+            "cpu_count": os.cpu_count(),
+            "quick": args.quick,
+            "encoder_in_process": encoder_gain,
+            "load_average": os.getloadavg(),
             "note": "speedup = median micro-batched / median per-request q/s at the same concurrency "
-                    "(modes alternated ABBA); target >= 3 at 64"})
+            "(modes alternated ABBA); target >= 3 at 64",
+        },
+    )
     for name, value in memory.items():
         print(f"  {name}: {value:.1f}")
-    plot(load_rows, RESULTS_DIR / "retrieval.png")
+    plot_modes(
+        load_rows,
+        RESULTS_DIR / "retrieval.png",
+        f"/retrieve over a {stats.steps}-step buffer (MiniLM, CPU)",
+        list(modes),
+        args.concurrency,
+    )
     print(f"wrote {RESULTS_DIR / 'retrieval.png'}")
     return 0
 

@@ -61,10 +61,10 @@ class DataConfig:
 
     source: str = "procedural_math"
     """``procedural_math`` (generated, no files needed) or the path of a JSONL/JSON/parquet task file."""
-    num_tasks: int = 256
+    num_tasks: int = 128
     """Number of procedural problems: the first ones of the ``train`` split (ignored for files)."""
-    difficulty: int | None = None
-    """Operations per procedural problem (1-5), or None for the env's default mix."""
+    difficulty: int | None = 1
+    """Operations per procedural problem (1-5), or None for the env's mix (the default job starts easy)."""
     max_tasks: int | None = None
     """Use at most this many tasks of a file (None: all)."""
     env_id: str = "RAPO-Math-v0"
@@ -89,9 +89,9 @@ class RolloutConfig:
     """Nucleus sampling of the rollouts."""
     max_prompt_tokens: int = 512
     """Longest prompt (chat template included); longer questions are truncated by the rollout engine."""
-    max_response_tokens: int = 320
+    max_response_tokens: int = 256
     """Token budget of everything after the prompt (policy turns, tool results, retrieved traces)."""
-    max_turn_tokens: int = 160
+    max_turn_tokens: int = 128
     """Most tokens the policy writes in one turn."""
     max_tool_calls: int = 3
     """Tool calls per episode during training (the reference allows 3)."""
@@ -131,20 +131,22 @@ class OptimConfig:
     """AdamW betas."""
     grad_clip: float = 1.0
     """Clip the global gradient norm to this value."""
-    train_batch_size: int = 4
+    train_batch_size: int = 2
     """Questions per training step (the reference: 32)."""
-    ppo_mini_batch_size: int = 4
+    ppo_mini_batch_size: int = 2
     """Questions per optimiser step (the reference: 16, i.e. two optimiser steps per batch)."""
     micro_batch_size: int = 4
     """Sequences per forward/backward pass; gradients accumulate up to a mini-batch."""
     ppo_epochs: int = 1
     """Passes over each batch of rollouts."""
-    total_steps: int = 12
+    total_steps: int = 10
     """Training steps (batches of questions); the run also ends after ``total_epochs``."""
     total_epochs: int = 3
     """Passes over the question set."""
-    recompute_old_logprobs: bool = True
-    """Recompute ``logp_old`` with the trainer's forward pass (as verl does) instead of using the sampler's."""
+    recompute_old_logprobs: bool = False
+    """Recompute ``logp_old`` with the trainer's forward pass (as verl does) instead of using the sampler's.
+    On CPU the HF sampler shares the trainer's float32 module, so its log-probs already are the trainer's;
+    with vLLM (other kernels, bf16) turn it on."""
 
 
 @dataclasses.dataclass

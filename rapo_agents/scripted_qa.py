@@ -73,7 +73,10 @@ class ScriptedQAAgent:
             self._turn += 1
             return f"<think>I need to look up {query}.</think>\n<search>{query}</search>"
         answer = self._answer_from_results()
-        return f"<think>The search results answer the question.</think>\n<answer>The answer is \\boxed{{{answer}}}</answer>"
+        return (
+            "<think>The search results answer the question.</think>\n"
+            f"<answer>The answer is \\boxed{{{answer}}}</answer>"
+        )
 
     def _answer_from_results(self) -> str:
         read = normalize_answer(self._read)

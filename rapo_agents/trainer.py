@@ -160,8 +160,11 @@ class RAPOTrainer:
         if self.config.rollout.backend == "vllm":
             from rapo_agents.policies.vllm import VLLMPolicy
 
-            path = self.config.model.path
-            return VLLMPolicy.from_pretrained(path, gpu_memory_utilization=self.config.rollout.gpu_memory_utilization)
+            rollout = self.config.rollout
+            return VLLMPolicy.from_pretrained(
+                self.config.model.path, gpu_memory_utilization=rollout.gpu_memory_utilization,
+                max_model_len=rollout.max_prompt_tokens + rollout.max_response_tokens, seed=self.config.seed,
+            )
         from rapo_agents.policies.hf import HFPolicy
 
         return HFPolicy(self.model, self.tokenizer)
@@ -235,12 +238,18 @@ class RAPOTrainer:
 
         engine_stats = self.engine.stats
         batch = build_batch(trajectories, self._pad_token_id(), config.algorithm)
-        if self._recompute_old_logprobs():
+        # vLLM sleeps (weights offloaded, KV cache freed) while the trainer uses the GPU.
+        shares_gpu = config.rollout.backend == "vllm" and hasattr(self.policy, "sleep")
+        if shares_gpu:
+            self.policy.sleep()
+        if config.optim.recompute_old_logprobs:
             batch.old_logprobs = recompute_logprobs(self.model, batch, self.update_settings)
         update_stats = ppo_update(self.model, self.optimizer, batch, config.algorithm, self.update_settings,
                                   self.reference_model)
 
         sync_started = time.perf_counter()
+        if shares_gpu:
+            self.policy.wake_up()
         self.sync_policy()
         sync_seconds = time.perf_counter() - sync_started
 
@@ -271,11 +280,6 @@ class RAPOTrainer:
     def _pad_token_id(self) -> int:
         pad = self.tokenizer.pad_token_id
         return int(pad if pad is not None else self.tokenizer.eos_token_id)
-
-    def _recompute_old_logprobs(self) -> bool:
-        # The HF sampler shares this float32 module, so its log-probs already are the trainer's;
-        # vLLM (or bf16) samples under other kernels, and verl recomputes for the same reason.
-        return self.config.optim.recompute_old_logprobs
 
     # ---- state -----------------------------------------------------------------------------------
 

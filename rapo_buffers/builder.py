@@ -11,8 +11,9 @@ Example:
     >>> def rollout(index, reward):
     ...     steps = [StepRecord(action="<python>2+3</python>", observation=" <result>\\n5\\n</result>"),
     ...              StepRecord(action="<answer>\\\\boxed{5}</answer>", observation="")]
-    ...     return Trajectory(task_id="q1", rollout_index=index, question="2+3?", system_prompt="", prompt="2+3?",
-    ...                       steps=steps, reward=reward, metrics={}, num_tool_calls=1, end_reason="answer", source="demo")
+    ...     return Trajectory(task_id="q1", rollout_index=index, question="2+3?", system_prompt="",
+    ...                       prompt="2+3?", steps=steps, reward=reward, metrics={}, num_tool_calls=1,
+    ...                       end_reason="answer", source="demo")
     >>> traces, stats = build_step_traces([rollout(0, 1.0), rollout(1, 0.0)], BuildConfig(top_k=1))
     >>> [trace.key for trace in traces], stats.trajectories_kept, stats.steps
     (['2+3?', '2+3?<python>2+3</python> <result>\\n5\\n</result>'], 1, 2)
@@ -158,7 +159,10 @@ def build_buffer(
     config: BuildConfig | None = None,
     tokenizer: str | None = None,
 ) -> BuildStats:
-    """Build the buffer from ``trajectories`` and write it to ``output_path``; tokens counted with ``tokenizer`` if given."""
+    """Build the buffer from ``trajectories`` and write it to ``output_path``.
+
+    Tokens are counted with the Hugging Face ``tokenizer`` when given, else approximately.
+    """
     if tokenizer:
         traces, stats = build_step_traces(trajectories, config, tokenizer_token_counter(tokenizer), tokenizer)
     else:

@@ -68,7 +68,9 @@ class RetrievalClient:
         )
 
     async def _retrieve(self, queries: list[str], topk: int) -> list[list[Candidate]]:
-        answer = await self._http.post_json(RETRIEVE_ROUTE, {"queries": list(queries), "topk": topk, "return_scores": True})
+        answer = await self._http.post_json(
+            RETRIEVE_ROUTE, {"queries": list(queries), "topk": topk, "return_scores": True}
+        )
         return parse_retrieve_answer(answer, len(queries))
 
     async def aretrieve(self, queries: list[str], topk: int) -> list[list[Candidate]]:

@@ -104,7 +104,11 @@ def ensure_default_buffer(
             traces, stats = build_step_traces(trajectories, BuildConfig())
             write_buffer(corpus_path, traces)
             build_step_index(
-                traces, index_path, embedder, config=IndexConfig(kind=config.index_kind), corpus_path=corpus_path,
+                traces,
+                index_path,
+                embedder,
+                config=IndexConfig(kind=config.index_kind),
+                corpus_path=corpus_path,
                 show_progress=show_progress,
             )
             stats_path.write_text(json.dumps({"config": dataclasses.asdict(config), **stats.as_dict()}, indent=2))

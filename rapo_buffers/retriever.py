@@ -78,7 +78,9 @@ class InProcessRetriever:
         if embedder is None:
             embedder = Embedder(sidecar.get("model"))
         elif sidecar.get("model") and sidecar["model"] != embedder.model_name:
-            logger.warning("index %s was built with %s, queries use %s", index_path, sidecar["model"], embedder.model_name)
+            logger.warning(
+                "index %s was built with %s, queries use %s", index_path, sidecar["model"], embedder.model_name
+            )
         max_chars = int(sidecar.get("normalization", {}).get("max_chars", MAX_CONTEXT_CHARS))
         return cls(traces, index, embedder, max_chars=max_chars)
 
@@ -95,7 +97,7 @@ class InProcessRetriever:
         vectors = self.embedder.encode([normalize_context(query, self.max_chars) for query in queries])
         scores, ids = self.index.search(vectors, min(topk, len(self.traces)))
         results: list[list[Candidate]] = []
-        for row_scores, row_ids in zip(scores, ids):
+        for row_scores, row_ids in zip(scores, ids, strict=True):
             results.append(
                 [
                     Candidate(
@@ -104,7 +106,7 @@ class InProcessRetriever:
                         score=float(score),
                         is_final=self.traces[i].final,
                     )
-                    for score, i in zip(row_scores, row_ids)
+                    for score, i in zip(row_scores, row_ids, strict=True)
                     if i >= 0  # FAISS pads with -1 when fewer than topk neighbours exist
                 ]
             )

@@ -9,7 +9,8 @@ every line that is not a step record and counts it, it never raises on a bad lin
 Example:
     >>> import tempfile, pathlib
     >>> path = pathlib.Path(tempfile.mkdtemp()) / "buffer.jsonl"
-    >>> write_buffer(path, [StepTrace(key="Q: 2+3?", value="<python>2+3</python> <result>\\n5\\n</result>", reward=1.0)])
+    >>> step = StepTrace(key="Q: 2+3?", value="<python>2+3</python> <result>\\n5\\n</result>", reward=1.0)
+    >>> write_buffer(path, [step])
     1
     >>> _ = path.open("a").write("[0.0, 1.0]\\n")
     >>> traces, stats = read_buffer(path)

@@ -60,7 +60,12 @@ def create_retrieval_app(
     def search_batch(queries: list[str], topk: int) -> list[list[dict[str, Any]]]:
         return [
             [
-                {"document": candidate.value, "reward": candidate.reward, "score": candidate.score, "is_final": candidate.is_final}
+                {
+                    "document": candidate.value,
+                    "reward": candidate.reward,
+                    "score": candidate.score,
+                    "is_final": candidate.is_final,
+                }
                 for candidate in candidates
             ]
             for candidates in retriever.retrieve(queries, topk)

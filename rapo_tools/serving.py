@@ -104,7 +104,9 @@ def _wait_until_answering(server: uvicorn.Server, thread: threading.Thread, host
             try:
                 client.get(f"{base_url}/")  # any HTTP answer (even 404) proves the server is serving
                 return base_url
-            except httpx.TransportError:
+            except httpx.TransportError as error:
                 if time.monotonic() > deadline:
-                    raise ServerStartError(f"the server at {base_url} did not answer within {timeout_s:.0f} s")
+                    raise ServerStartError(
+                        f"the server at {base_url} did not answer within {timeout_s:.0f} s"
+                    ) from error
                 time.sleep(0.02)

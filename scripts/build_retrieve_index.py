@@ -1,4 +1,5 @@
-"""Index a step-trace buffer (reference flags): ``python scripts/build_retrieve_index.py --corpus_path B --index_path I``.
+"""Index a step-trace buffer (reference flags):
+``python scripts/build_retrieve_index.py --corpus_path B --index_path I``.
 
 Same as ``rapo buffer index``; see ``--help`` for the index kind and encoder options.
 """

@@ -1,4 +1,6 @@
-"""Build the knowledge-search index (reference flags): ``python scripts/build_search_index.py --corpus_path C --index_path I``.
+"""Build the knowledge-search index (reference flags).
+
+``python scripts/build_search_index.py --corpus_path C --index_path I``.
 
 Same as ``rapo search build-index``; see ``--help`` for the index type and encoder options.
 """

@@ -13,6 +13,9 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Idle OpenMP threads sleep instead of spinning (set before torch loads): on a busy 2-core machine spinning
+# threads made torch ten times slower in measurements.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
 def _shared_data_dir() -> Path:

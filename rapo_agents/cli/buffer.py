@@ -22,15 +22,22 @@ SOURCES = ("trajectories", "scripted", "gsm8k")
 
 
 def add_build_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--source", choices=SOURCES, default="trajectories",
-                        help="trajectories: rollout JSONL files (--input); scripted: the procedural-math expert; "
-                             "gsm8k: GSM8K solutions with <<expr=result>> annotations (--input)")
+    parser.add_argument(
+        "--source",
+        choices=SOURCES,
+        default="trajectories",
+        help="trajectories: rollout JSONL files (--input); scripted: the procedural-math expert; "
+        "gsm8k: GSM8K solutions with <<expr=result>> annotations (--input)",
+    )
     parser.add_argument("--input", nargs="*", default=[], help="input files (trajectory JSONL, or one GSM8K JSONL)")
     parser.add_argument("--output", required=True, help="buffer JSONL to write (Step_Trace_Buffer.jsonl format)")
     parser.add_argument("--top-k", type=int, default=5, help="rollouts kept per question, best reward first")
     parser.add_argument("--min-reward", type=float, default=None, help="drop trajectories with a lower reward")
-    parser.add_argument("--tokenizer", default=None,
-                        help="Hugging Face tokenizer (local path) to count tokens; default: words and punctuation")
+    parser.add_argument(
+        "--tokenizer",
+        default=None,
+        help="Hugging Face tokenizer (local path) to count tokens; default: words and punctuation",
+    )
     parser.add_argument("--split", default="train", help="scripted: procedural split")
     parser.add_argument("--num-tasks", type=int, default=1000, help="scripted: problems solved")
     parser.add_argument("--difficulty", type=int, default=None, help="scripted: operations per problem (1-5)")
@@ -68,9 +75,15 @@ def run_build(args: argparse.Namespace) -> int:
 def add_index_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--corpus_path", "--corpus-path", required=True, help="buffer JSONL")
     parser.add_argument("--index_path", "--index-path", required=True, help="FAISS index to write (+ .json sidecar)")
-    parser.add_argument("--index-kind", choices=("hnsw", "flat"), default="hnsw",
-                        help="hnsw: the reference's (M 32, efConstruction 200, efSearch 128); flat: exact")
-    parser.add_argument("--model", default=None, help="sentence-transformers model (default: embedded all-MiniLM-L6-v2)")
+    parser.add_argument(
+        "--index-kind",
+        choices=("hnsw", "flat"),
+        default="hnsw",
+        help="hnsw: the reference's (M 32, efConstruction 200, efSearch 128); flat: exact",
+    )
+    parser.add_argument(
+        "--model", default=None, help="sentence-transformers model (default: embedded all-MiniLM-L6-v2)"
+    )
     parser.add_argument("--device", default=None, help="encoder device (default: cuda when available)")
     parser.add_argument("--batch-size", "--batch_size", type=int, default=64, help="texts per encoder forward pass")
 
@@ -88,8 +101,10 @@ def run_index(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     embedder = Embedder(args.model, device=args.device, batch_size=args.batch_size)
     sidecar = build_step_index(traces, args.index_path, embedder, IndexConfig(kind=args.index_kind), args.corpus_path)
-    print(f"indexed {sidecar['count']} steps ({read_stats.skipped} non-step lines skipped) with {sidecar['model']} "
-          f"into {args.index_path} in {time.perf_counter() - started:.1f} s")
+    print(
+        f"indexed {sidecar['count']} steps ({read_stats.skipped} non-step lines skipped) with {sidecar['model']} "
+        f"into {args.index_path} in {time.perf_counter() - started:.1f} s"
+    )
     return 0
 
 
@@ -126,7 +141,11 @@ def run_serve(args: argparse.Namespace) -> int:
 
 
 _COMMANDS = {
-    "build": (add_build_arguments, run_build, "trajectories -> buffer JSONL (top-k rollouts per question, cut into steps)"),
+    "build": (
+        add_build_arguments,
+        run_build,
+        "trajectories -> buffer JSONL (top-k rollouts per question, cut into steps)",
+    ),
     "index": (add_index_arguments, run_index, "buffer JSONL -> FAISS index with a sidecar"),
     "serve": (add_serve_arguments, run_serve, "serve POST /retrieve and /health over a buffer and its index"),
 }

@@ -21,7 +21,9 @@ _ACTIONS = {"build-index": run_build, "serve": run_serve}
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
-    add_build_arguments(actions.add_parser("build-index", help="encode a corpus and save a FAISS index with its sidecar"))
+    add_build_arguments(
+        actions.add_parser("build-index", help="encode a corpus and save a FAISS index with its sidecar")
+    )
     add_serve_arguments(actions.add_parser("serve", help="serve an index at POST /wikiSearch with micro-batching"))
 
 

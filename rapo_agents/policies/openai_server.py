@@ -15,7 +15,8 @@ Example:
     >>> from fastapi.testclient import TestClient
     >>> from rapo_agents.policies import ScriptedPolicy
     >>> client = TestClient(create_app(ScriptedPolicy(["<answer>\\\\boxed{3}</answer>"]), model_name="scripted"))
-    >>> client.post("/v1/completions", json={"model": "scripted", "prompt": "1+2?"}).json()["choices"][0]["text"]
+    >>> body = {"model": "scripted", "prompt": "1+2?", "max_tokens": 64, "stop": ["</answer>"]}
+    >>> client.post("/v1/completions", json=body).json()["choices"][0]["text"]
     '<answer>\\\\boxed{3}'
 """
 

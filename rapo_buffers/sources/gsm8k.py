@@ -130,13 +130,22 @@ def gsm8k_trajectories(path: str | os.PathLike[str], limit: int | None = None) -
                 row = json.loads(line)
             except ValueError:
                 continue
-            if not isinstance(row, dict) or not isinstance(row.get("question"), str) or not isinstance(row.get("answer"), str):
+            if (
+                not isinstance(row, dict)
+                or not isinstance(row.get("question"), str)
+                or not isinstance(row.get("answer"), str)
+            ):
                 continue
             turns = solution_turns(row["answer"])
             if turns.answer is None:
                 continue
             steps = [
-                StepRecord(action=action, observation=observation, tool="python" if observation else None, tool_ok=bool(observation) or None)
+                StepRecord(
+                    action=action,
+                    observation=observation,
+                    tool="python" if observation else None,
+                    tool_ok=bool(observation) or None,
+                )
                 for action, observation in turns.steps
             ]
             emitted += 1

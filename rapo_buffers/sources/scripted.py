@@ -38,7 +38,9 @@ class ScriptedSourceConfig:
     """Python sandbox backend that runs the expert's code."""
 
 
-def scripted_expert_trajectories(config: ScriptedSourceConfig | None = None, show_progress: bool = True) -> Iterator[Trajectory]:
+def scripted_expert_trajectories(
+    config: ScriptedSourceConfig | None = None, show_progress: bool = True
+) -> Iterator[Trajectory]:
     """Play the expert once on each problem of the split and yield the trajectories."""
     config = config or ScriptedSourceConfig()
     env = MathEnv(
@@ -50,7 +52,9 @@ def scripted_expert_trajectories(config: ScriptedSourceConfig | None = None, sho
     )
     try:
         agent = ExpertAgent(env.tasks, max_tool_calls=config.max_tool_calls)
-        for task_index in tqdm(range(len(env.tasks)), desc="scripted expert", unit="episode", disable=not show_progress):
+        for task_index in tqdm(
+            range(len(env.tasks)), desc="scripted expert", unit="episode", disable=not show_progress
+        ):
             yield run_text_episode(env, agent, task_index=task_index)
     finally:
         env.close()

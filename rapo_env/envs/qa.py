@@ -61,7 +61,9 @@ _shared_lock = threading.Lock()
 _shared_indexes: dict[tuple[str, str, int], WikiSearch] = {}
 
 
-def shared_wiki_search(index_path: Path, corpus_path: Path | None = None, embedder: Embedder | None = None) -> WikiSearch:
+def shared_wiki_search(
+    index_path: Path, corpus_path: Path | None = None, embedder: Embedder | None = None
+) -> WikiSearch:
     """One loaded `WikiSearch` per index per process, shared by every env (vector envs load the model once)."""
     key = (str(Path(index_path).resolve()), str(corpus_path or ""), id(embedder))
     with _shared_lock:
@@ -147,12 +149,23 @@ class QAEnv(ToolEnv):
         cache_root = Path(cache_dir) if cache_dir is not None else rapo_cache_dir()
         self.knowledge_base: KnowledgeBase | None = None
         tasks, backend = self._resolve(
-            dataset, split, search_url, index_path, corpus_path, seed, knowledge_base, ability, limit, cache_root,
+            dataset,
+            split,
+            search_url,
+            index_path,
+            corpus_path,
+            seed,
+            knowledge_base,
+            ability,
+            limit,
+            cache_root,
             embedder,
         )
         if data_source is not None:
-            tasks = TaskList(f"{getattr(tasks, 'name', 'qa')}-{data_source}",
-                             [task for task in tasks if task.metadata.get("data_source") == data_source])
+            tasks = TaskList(
+                f"{getattr(tasks, 'name', 'qa')}-{data_source}",
+                [task for task in tasks if task.metadata.get("data_source") == data_source],
+            )
             if not tasks:
                 raise QADatasetError(f"no task has data_source={data_source!r}")
         search_config = SearchToolConfig(**search) if isinstance(search, dict) else (search or SearchToolConfig())

@@ -85,20 +85,22 @@ def load_hotpotqa(path: str | os.PathLike, name: str | None = None, limit: int |
         facts = [list(fact) for fact in record.get("supporting_facts") or [] if isinstance(fact, (list, tuple))]
         titles = list(dict.fromkeys(str(fact[0]) for fact in facts if fact))
         identifier = record.get("_id", record.get("id", position))
-        tasks.append(Task(
-            id=f"{name}-{identifier}",
-            question=question.strip(),
-            answers=tuple(str(a) for a in answer) if isinstance(answer, list) else (str(answer),),
-            source=name,
-            metadata={
-                "supporting_facts": facts,
-                "supporting_titles": titles,
-                "evidence_titles": titles,
-                "search_queries": titles,
-                "type": record.get("type"),
-                "level": record.get("level"),
-            },
-        ))
+        tasks.append(
+            Task(
+                id=f"{name}-{identifier}",
+                question=question.strip(),
+                answers=tuple(str(a) for a in answer) if isinstance(answer, list) else (str(answer),),
+                source=name,
+                metadata={
+                    "supporting_facts": facts,
+                    "supporting_titles": titles,
+                    "evidence_titles": titles,
+                    "search_queries": titles,
+                    "type": record.get("type"),
+                    "level": record.get("level"),
+                },
+            )
+        )
         if limit is not None and len(tasks) >= limit:
             break
     if not tasks:

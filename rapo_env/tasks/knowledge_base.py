@@ -47,17 +47,83 @@ KINDS = ("country", "town", "organization", "person", "work")
 _ONSETS = ("b", "br", "c", "d", "dr", "f", "g", "gr", "h", "k", "l", "m", "n", "p", "r", "s", "st", "t", "th", "v", "z")
 _VOWELS = ("a", "e", "i", "o", "u", "ae", "ai", "ia", "ou", "y")
 _CODAS = ("", "", "n", "r", "l", "s", "th", "m", "nd", "rk", "x")
-_OCCUPATIONS = ("painter", "astronomer", "architect", "composer", "botanist", "engineer", "novelist", "chemist",
-                "cartographer", "sculptor", "historian", "physician", "poet", "mathematician", "glassmaker")
-_ORG_FORMS = (("{} Institute", "research institute"), ("{} Press", "publishing house"), ("{} Works", "engineering firm"),
-              ("{} Conservatory", "music school"), ("{} Trading Company", "trading company"),
-              ("{} Observatory", "observatory"), ("{} Guild", "craft guild"), ("{} Academy", "academy"))
-_WORK_KINDS = (("novel", "wrote"), ("painting", "painted"), ("symphony", "composed"), ("atlas", "drew"),
-               ("poem cycle", "wrote"), ("treatise", "wrote"), ("sculpture", "carved"), ("opera", "composed"))
-_TITLE_ADJECTIVES = ("Silent", "Amber", "Northern", "Hollow", "Crimson", "Distant", "Quiet", "Burning", "Glass",
-                     "Winter", "Hidden", "Last", "Golden", "Sunken", "Seventh", "Wandering", "Pale", "Iron")
-_TITLE_NOUNS = ("Harbor", "Lantern", "Orchard", "Meridian", "Tide", "Garden", "Bridge", "Compass", "Archive",
-                "Feather", "Mirror", "Citadel", "River", "Chorus", "Atlas", "Season", "Voyage", "Clockwork")
+_OCCUPATIONS = (
+    "painter",
+    "astronomer",
+    "architect",
+    "composer",
+    "botanist",
+    "engineer",
+    "novelist",
+    "chemist",
+    "cartographer",
+    "sculptor",
+    "historian",
+    "physician",
+    "poet",
+    "mathematician",
+    "glassmaker",
+)
+_ORG_FORMS = (
+    ("{} Institute", "research institute"),
+    ("{} Press", "publishing house"),
+    ("{} Works", "engineering firm"),
+    ("{} Conservatory", "music school"),
+    ("{} Trading Company", "trading company"),
+    ("{} Observatory", "observatory"),
+    ("{} Guild", "craft guild"),
+    ("{} Academy", "academy"),
+)
+_WORK_KINDS = (
+    ("novel", "wrote"),
+    ("painting", "painted"),
+    ("symphony", "composed"),
+    ("atlas", "drew"),
+    ("poem cycle", "wrote"),
+    ("treatise", "wrote"),
+    ("sculpture", "carved"),
+    ("opera", "composed"),
+)
+_TITLE_ADJECTIVES = (
+    "Silent",
+    "Amber",
+    "Northern",
+    "Hollow",
+    "Crimson",
+    "Distant",
+    "Quiet",
+    "Burning",
+    "Glass",
+    "Winter",
+    "Hidden",
+    "Last",
+    "Golden",
+    "Sunken",
+    "Seventh",
+    "Wandering",
+    "Pale",
+    "Iron",
+)
+_TITLE_NOUNS = (
+    "Harbor",
+    "Lantern",
+    "Orchard",
+    "Meridian",
+    "Tide",
+    "Garden",
+    "Bridge",
+    "Compass",
+    "Archive",
+    "Feather",
+    "Mirror",
+    "Citadel",
+    "River",
+    "Chorus",
+    "Atlas",
+    "Season",
+    "Voyage",
+    "Clockwork",
+)
 _PRONOUNS = ("She", "He", "They")
 
 
@@ -135,9 +201,9 @@ _ATTRIBUTE_QUESTIONS: dict[tuple[str, str], str] = {
 
 def _unique_word(rng: random.Random, taken: set[str], syllables: tuple[int, int] = (2, 3)) -> str:
     while True:
-        word = "".join(
-            rng.choice(_ONSETS) + rng.choice(_VOWELS) for _ in range(rng.randint(*syllables))
-        ) + rng.choice(_CODAS)
+        word = "".join(rng.choice(_ONSETS) + rng.choice(_VOWELS) for _ in range(rng.randint(*syllables))) + rng.choice(
+            _CODAS
+        )
         word = word.capitalize()
         if word not in taken and 4 <= len(word) <= 12:
             taken.add(word)
@@ -180,15 +246,25 @@ class KnowledgeBase:
         num_countries, num_towns, num_people = config.num_countries, config.num_towns, config.num_people
         rng = random.Random(seed)
         taken: set[str] = set()
-        countries = [Entity(f"country-{i}", "country", _unique_word(rng, taken, (2, 3)) + rng.choice(("ia", "land", "mark", "ora")))
-                     for i in range(num_countries)]
+        countries = [
+            Entity(
+                f"country-{i}", "country", _unique_word(rng, taken, (2, 3)) + rng.choice(("ia", "land", "mark", "ora"))
+            )
+            for i in range(num_countries)
+        ]
         towns = []
         for i in range(num_towns):
-            town = Entity(f"town-{i}", "town", _unique_word(rng, taken), {
-                "river": f"{_unique_word(rng, taken)} River",
-                "founded": rng.randint(820, 1750),
-                "population": rng.randrange(2_000, 400_000, 100),
-            }, {"country": countries[i % num_countries].id})
+            town = Entity(
+                f"town-{i}",
+                "town",
+                _unique_word(rng, taken),
+                {
+                    "river": f"{_unique_word(rng, taken)} River",
+                    "founded": rng.randint(820, 1750),
+                    "population": rng.randrange(2_000, 400_000, 100),
+                },
+                {"country": countries[i % num_countries].id},
+            )
             towns.append(town)
         for i, country in enumerate(countries):  # every country's capital is one of its towns
             country.relations["capital"] = towns[i].id
@@ -197,18 +273,34 @@ class KnowledgeBase:
             relations = {"born_in": rng.choice(towns).id}
             if i > 0 and rng.random() < 0.7:
                 relations["mentor"] = f"person-{rng.randrange(i)}"
-            people.append(Entity(f"person-{i}", "person", f"{_unique_word(rng, taken)} {_unique_word(rng, taken)}", {
-                "born": rng.randint(1780, 1990),
-                "occupation": rng.choice(_OCCUPATIONS),
-                "pronoun": rng.choice(_PRONOUNS),
-            }, relations))
+            people.append(
+                Entity(
+                    f"person-{i}",
+                    "person",
+                    f"{_unique_word(rng, taken)} {_unique_word(rng, taken)}",
+                    {
+                        "born": rng.randint(1780, 1990),
+                        "occupation": rng.choice(_OCCUPATIONS),
+                        "pronoun": rng.choice(_PRONOUNS),
+                    },
+                    relations,
+                )
+            )
         organizations = []
         for i in range(config.num_organizations):
             form, kind = rng.choice(_ORG_FORMS)
-            organizations.append(Entity(f"organization-{i}", "organization", form.format(_unique_word(rng, taken)), {
-                "founded": rng.randint(1600, 1960),
-                "kind": kind,
-            }, {"headquarters": rng.choice(towns).id, "founder": rng.choice(people).id}))
+            organizations.append(
+                Entity(
+                    f"organization-{i}",
+                    "organization",
+                    form.format(_unique_word(rng, taken)),
+                    {
+                        "founded": rng.randint(1600, 1960),
+                        "kind": kind,
+                    },
+                    {"headquarters": rng.choice(towns).id, "founder": rng.choice(people).id},
+                )
+            )
         for person in people:
             if rng.random() < 0.85:
                 person.relations["employer"] = rng.choice(organizations).id
@@ -223,11 +315,19 @@ class KnowledgeBase:
             relations = {"creator": creator.id}
             if rng.random() < 0.6:
                 relations["publisher"] = rng.choice(organizations).id
-            works.append(Entity(f"work-{i}", "work", title, {
-                "year": creator.attributes["born"] + rng.randint(20, 60),
-                "kind": kind,
-                "verb": verb,
-            }, relations))
+            works.append(
+                Entity(
+                    f"work-{i}",
+                    "work",
+                    title,
+                    {
+                        "year": creator.attributes["born"] + rng.randint(20, 60),
+                        "kind": kind,
+                        "verb": verb,
+                    },
+                    relations,
+                )
+            )
         entities = [*countries, *towns, *organizations, *people, *works]
         base = cls(seed, entities, [], config)
         questions = base._make_questions(random.Random(seed + 1), config.questions_per_hop, config.max_hops)
@@ -244,26 +344,39 @@ class KnowledgeBase:
             towns = [e.name for e in self.entities if e.kind == "town" and e.relations.get("country") == entity.id]
             others = [name for name in towns if name != self._name(r["capital"])][:4]
             listed = f" Other towns of {entity.name} include {', '.join(others)}." if others else ""
-            return (f"{entity.name} is a country whose capital is {self._name(r['capital'])}.{listed} "
-                    f"Its towns lie along several rivers and trade routes.")
+            return (
+                f"{entity.name} is a country whose capital is {self._name(r['capital'])}.{listed} "
+                f"Its towns lie along several rivers and trade routes."
+            )
         if entity.kind == "town":
-            natives = [e.name for e in self.entities if e.kind == "person" and e.relations.get("born_in") == entity.id][:3]
+            natives = [e.name for e in self.entities if e.kind == "person" and e.relations.get("born_in") == entity.id][
+                :3
+            ]
             born = f" Notable people born in {entity.name} include {', '.join(natives)}." if natives else ""
-            return (f"{entity.name} is a town in {self._name(r['country'])}, on the banks of the {a['river']}. "
-                    f"It was founded in {a['founded']} and has a population of about {a['population']:,}.{born}")
+            return (
+                f"{entity.name} is a town in {self._name(r['country'])}, on the banks of the {a['river']}. "
+                f"It was founded in {a['founded']} and has a population of about {a['population']:,}.{born}"
+            )
         if entity.kind == "organization":
-            return (f"{entity.name} is a {a['kind']} founded in {a['founded']} by {self._name(r['founder'])}. "
-                    f"It is headquartered in {self._name(r['headquarters'])}.")
+            return (
+                f"{entity.name} is a {a['kind']} founded in {a['founded']} by {self._name(r['founder'])}. "
+                f"It is headquartered in {self._name(r['headquarters'])}."
+            )
         if entity.kind == "person":
             pronoun = a["pronoun"]
             verb = "were" if pronoun == "They" else "was"
             article = "an" if a["occupation"][0] in "aeiou" else "a"
-            text = f"{entity.name} (born {a['born']}) is {article} {a['occupation']}. {pronoun} {verb} born in {self._name(r['born_in'])}."
+            text = (
+                f"{entity.name} (born {a['born']}) is {article} {a['occupation']}. "
+                f"{pronoun} {verb} born in {self._name(r['born_in'])}."
+            )
             if "employer" in r:
                 text += f" {entity.name} works for {self._name(r['employer'])}."
             if "mentor" in r:
                 text += f" {pronoun} studied under {self._name(r['mentor'])}."
-            created = [e.name for e in self.entities if e.kind == "work" and e.relations.get("creator") == entity.id][:2]
+            created = [e.name for e in self.entities if e.kind == "work" and e.relations.get("creator") == entity.id][
+                :2
+            ]
             if created:
                 text += f" Known works: {', '.join(created)}."
             return text
@@ -296,11 +409,13 @@ class KnowledgeBase:
                     for (kind, attribute), question in _ATTRIBUTE_QUESTIONS.items():
                         if kind == last.kind and 1 <= relation_hops + 1 <= max_hops:
                             candidates[relation_hops + 1].append(
-                                self._task(start, chain, question, str(last.attributes[attribute]), attribute))
+                                self._task(start, chain, question, str(last.attributes[attribute]), attribute)
+                            )
                     if chain:
                         relation, target = chain[-1]
                         candidates[relation_hops].append(
-                            self._task(start, chain[:-1], _RELATIONS[relation][1], target.name, relation, target))
+                            self._task(start, chain[:-1], _RELATIONS[relation][1], target.name, relation, target)
+                        )
         questions = []
         for hops in sorted(candidates):
             pool = sorted({task.id: task for task in candidates[hops]}.values(), key=lambda task: task.id)
@@ -308,8 +423,15 @@ class KnowledgeBase:
             questions.extend(pool[:per_hop])
         return questions
 
-    def _task(self, start: Entity, chain: list[tuple[str, Entity]], question: str, answer: str, final: str,
-              answer_entity: Entity | None = None) -> Task:
+    def _task(
+        self,
+        start: Entity,
+        chain: list[tuple[str, Entity]],
+        question: str,
+        answer: str,
+        final: str,
+        answer_entity: Entity | None = None,
+    ) -> Task:
         phrase = start.name
         for relation, _ in chain:
             phrase = _RELATIONS[relation][0].format(x=phrase)
@@ -347,9 +469,13 @@ class KnowledgeBase:
         directory.mkdir(parents=True, exist_ok=True)
         _write_jsonl(directory / "passages.jsonl", (dataclasses.asdict(p) for p in self.passages))
         _write_jsonl(directory / "entities.jsonl", (dataclasses.asdict(e) for e in self.entities))
-        _write_jsonl(directory / "questions.jsonl", (
-            {"id": t.id, "question": t.question, "answers": list(t.answers), "metadata": t.metadata}
-            for t in self.questions))
+        _write_jsonl(
+            directory / "questions.jsonl",
+            (
+                {"id": t.id, "question": t.question, "answers": list(t.answers), "metadata": t.metadata}
+                for t in self.questions
+            ),
+        )
         meta = {"seed": self.seed, "config": dataclasses.asdict(self.config), "generator_version": GENERATOR_VERSION}
         (directory / "meta.json").write_text(json.dumps(meta, indent=2), encoding="utf-8")
         return directory
@@ -361,8 +487,16 @@ class KnowledgeBase:
         try:
             meta = json.loads((directory / "meta.json").read_text(encoding="utf-8"))
             entities = [Entity(**record) for record in _read_jsonl(directory / "entities.jsonl")]
-            questions = [Task(id=r["id"], question=r["question"], answers=tuple(r["answers"]), source="knowledge_base",
-                              metadata=r["metadata"]) for r in _read_jsonl(directory / "questions.jsonl")]
+            questions = [
+                Task(
+                    id=r["id"],
+                    question=r["question"],
+                    answers=tuple(r["answers"]),
+                    source="knowledge_base",
+                    metadata=r["metadata"],
+                )
+                for r in _read_jsonl(directory / "questions.jsonl")
+            ]
         except (OSError, ValueError, KeyError, TypeError) as error:
             raise KnowledgeBaseError(f"cannot read the knowledge base in {directory}: {error}") from error
         return cls(int(meta["seed"]), entities, questions, KnowledgeBaseConfig(**meta["config"]))
@@ -418,4 +552,3 @@ def _write_jsonl(path: Path, records: Iterator[dict[str, Any]]) -> None:
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
     with path.open(encoding="utf-8") as handle:
         return [json.loads(line) for line in handle if line.strip()]
-

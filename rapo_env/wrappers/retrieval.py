@@ -55,8 +55,7 @@ REFERENCE_TEMPLATE = (
 """The reference's splice format; ``{value}`` is replaced by the chosen step trace."""
 
 FALLBACK_TEXT = (
-    "No reliable reference step was found for this point. "
-    "Solve the problem carefully with your own reasoning."
+    "No reliable reference step was found for this point. Solve the problem carefully with your own reasoning."
 )
 """Spliced instead of a step trace whose trajectory reward is <= 0 (the reference's fixed instruction)."""
 
@@ -255,7 +254,10 @@ class StepTraceRetrievalWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
         else:
             value = candidates[chosen].value
         text = self.template.replace("{value}", value)
-        if self.max_context_chars is not None and len(self._context) + len(observation) + len(text) > self.max_context_chars:
+        if (
+            self.max_context_chars is not None
+            and len(self._context) + len(observation) + len(text) > self.max_context_chars
+        ):
             return None, None
         return {
             "text": text,

@@ -145,7 +145,7 @@ class MicroBatcher(Generic[InputT, OutputT]):
             self.stats.batches += 1
             self.stats.items += len(items)
             self.stats.largest_batch = max(self.stats.largest_batch, len(items))
-            for (_, future), output in zip(batch, outputs):
+            for (_, future), output in zip(batch, outputs, strict=True):
                 if not future.done():
                     future.set_result(output)
 

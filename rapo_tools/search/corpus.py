@@ -248,7 +248,9 @@ def scan_offsets(path: str | os.PathLike, show_progress: bool = False) -> np.nda
     """Byte offsets of the well-formed passages of a JSONL corpus (one pass over the file)."""
     from tqdm.auto import tqdm
 
-    offsets = [offset for offset, _ in tqdm(iter_jsonl_with_offsets(path), desc="scanning corpus", disable=not show_progress)]
+    offsets = [
+        offset for offset, _ in tqdm(iter_jsonl_with_offsets(path), desc="scanning corpus", disable=not show_progress)
+    ]
     return np.asarray(offsets, dtype=np.int64)
 
 
@@ -262,7 +264,10 @@ def open_passage_store(
     corpus_format: str = "auto",
     offsets: np.ndarray | str | os.PathLike | None = None,
 ) -> PassageStore:
-    """Open a corpus for random access: JSONL through offsets (given, loaded from a ``.npy``, or scanned), JSON in memory."""
+    """Open a corpus for random access.
+
+    JSONL is read through line offsets (given, loaded from a ``.npy``, or scanned); JSON is held in memory.
+    """
     path = Path(path)
     if _resolve_format(path, corpus_format) == "json":
         return InMemoryPassageStore(_iter_json_document(path))

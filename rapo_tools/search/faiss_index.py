@@ -158,7 +158,9 @@ def to_gpu(index: Any) -> Any:
 def _to_cpu(index: Any) -> Any:
     import faiss
 
-    return faiss.index_gpu_to_cpu(index) if hasattr(faiss, "index_gpu_to_cpu") and "Gpu" in type(index).__name__ else index
+    return (
+        faiss.index_gpu_to_cpu(index) if hasattr(faiss, "index_gpu_to_cpu") and "Gpu" in type(index).__name__ else index
+    )
 
 
 def _as_batches(vectors: np.ndarray | Iterable[np.ndarray], batch_size: int) -> Iterable[np.ndarray]:

@@ -51,10 +51,25 @@ def create_wiki_search_app(
 
 def add_build_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of ``build_search_index.py`` / ``rapo search build-index``."""
-    parser.add_argument("--corpus_path", required=True, help="corpus file: wiki-18 JSONL, {title,text} JSON/JSONL, or HotpotQA title->sentences JSON")
-    parser.add_argument("--index_path", required=True, help="where to write the FAISS index (a .json sidecar is written next to it)")
-    parser.add_argument("--index_type", choices=INDEX_KINDS, default="hnsw", help="flat (exact), hnsw (reference: M=32, efC 200, efS 128) or ivfpq (huge corpora)")
-    parser.add_argument("--model", default=None, help="sentence-transformers model name or path (default: the embedded all-MiniLM-L6-v2)")
+    parser.add_argument(
+        "--corpus_path",
+        required=True,
+        help="corpus file: wiki-18 JSONL, {title,text} JSON/JSONL, or HotpotQA title->sentences JSON",
+    )
+    parser.add_argument(
+        "--index_path", required=True, help="where to write the FAISS index (a .json sidecar is written next to it)"
+    )
+    parser.add_argument(
+        "--index_type",
+        choices=INDEX_KINDS,
+        default="hnsw",
+        help="flat (exact), hnsw (reference: M=32, efC 200, efS 128) or ivfpq (huge corpora)",
+    )
+    parser.add_argument(
+        "--model",
+        default=None,
+        help="sentence-transformers model name or path (default: the embedded all-MiniLM-L6-v2)",
+    )
     parser.add_argument("--batch_size", type=int, default=64, help="texts per encoder forward pass")
     parser.add_argument("--chunk_size", type=int, default=4096, help="passages read and encoded per chunk")
     parser.add_argument("--device", default=None, help="encoder device (default: cuda when available)")
@@ -84,14 +99,22 @@ def run_build(args: argparse.Namespace) -> int:
 def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of ``search_server.py`` / ``rapo search serve``."""
     parser.add_argument("--index_path", required=True, help="index written by build_search_index.py")
-    parser.add_argument("--corpus_path", default=None, help="the indexed corpus (default: the path recorded in the index sidecar)")
-    parser.add_argument("--topk", type=int, default=3, help="default number of passages per query (reported by /health)")
+    parser.add_argument(
+        "--corpus_path", default=None, help="the indexed corpus (default: the path recorded in the index sidecar)"
+    )
+    parser.add_argument(
+        "--topk", type=int, default=3, help="default number of passages per query (reported by /health)"
+    )
     parser.add_argument("--host", default="127.0.0.1", help="interface to bind (0.0.0.0 to serve other machines)")
-    parser.add_argument("--port", type=int, default=int(os.environ.get("RAPO_SEARCH_PORT", "8000")), help="port to bind")
+    parser.add_argument(
+        "--port", type=int, default=int(os.environ.get("RAPO_SEARCH_PORT", "8000")), help="port to bind"
+    )
     parser.add_argument("--model", default=None, help="query encoder (default: the model recorded in the sidecar)")
     parser.add_argument("--device", default=None, help="encoder device (default: cuda when available)")
     parser.add_argument("--gpu_index", action="store_true", help="search on GPU with faiss-gpu (Flat and IVF-PQ)")
-    parser.add_argument("--no_mmap", action="store_true", help="read the index into memory instead of memory-mapping it")
+    parser.add_argument(
+        "--no_mmap", action="store_true", help="read the index into memory instead of memory-mapping it"
+    )
     parser.add_argument("--max_batch_size", type=int, default=128, help="most queries per micro-batch")
     parser.add_argument("--max_wait_ms", type=float, default=2.0, help="micro-batch wait for more queries, in ms")
     parser.add_argument("--no_batching", action="store_true", help="one encode per request (for comparison)")

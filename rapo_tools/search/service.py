@@ -124,6 +124,20 @@ def _format_results(ranked: Sequence[Sequence[dict[str, Any]]], return_scores: b
     return formatted
 
 
+def per_query_topk(search_batch: SearchBatchFn) -> Callable[[list[tuple[str, int]]], list[list[dict[str, Any]]]]:
+    """Adapt ``search_batch`` to `MicroBatcher` items ``(query, topk)``.
+
+    Requests grouped in one batch may ask for different ``topk``: search the largest once, cut per query.
+    """
+
+    def run_batch(items: list[tuple[str, int]]) -> list[list[dict[str, Any]]]:
+        largest = max(topk for _, topk in items)
+        ranked = search_batch([query for query, _ in items], largest)
+        return [list(hits)[:topk] for hits, (_, topk) in zip(ranked, items, strict=True)]
+
+    return run_batch
+
+
 def create_search_app(
     search_batch: SearchBatchFn,
     route: str = "/wikiSearch",
@@ -147,12 +161,7 @@ def create_search_app(
     """
     limits = limits or ServiceLimits()
     batching = batching or BatchingConfig()
-
-    def run_batch(items: list[tuple[str, int]]) -> list[Sequence[dict[str, Any]]]:
-        # Requests in one batch may ask for different topk: search the largest, cut per query.
-        largest = max(topk for _, topk in items)
-        ranked = search_batch([query for query, _ in items], largest)
-        return [list(hits)[:topk] for hits, (_, topk) in zip(ranked, items)]
+    run_batch = per_query_topk(search_batch)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

@@ -35,6 +35,7 @@ from rapo_tools.aio import run_sync
 from rapo_tools.base import BadToolInputError, ServiceUnavailableError, Tool, ToolResult, ToolTimeoutError
 from rapo_tools.http_client import RetryingClient
 from rapo_tools.search.batching import MicroBatcher
+from rapo_tools.search.service import per_query_topk
 from rapo_tools.search.wiki_search import WikiSearch
 
 
@@ -88,12 +89,7 @@ class InProcessSearchBackend:
     def __init__(self, wiki: WikiSearch, timeout_s: float = 10.0, max_batch_size: int = 64):
         self.wiki = wiki
         self.timeout_s = timeout_s
-        self._batcher = MicroBatcher(self._run_batch, max_batch_size=max_batch_size)
-
-    def _run_batch(self, items: list[tuple[str, int]]) -> list[list[dict[str, Any]]]:
-        largest = max(topk for _, topk in items)
-        ranked = self.wiki.search_results([query for query, _ in items], largest)
-        return [hits[:topk] for hits, (_, topk) in zip(ranked, items)]
+        self._batcher = MicroBatcher(per_query_topk(wiki.search_results), max_batch_size=max_batch_size)
 
     async def search(self, queries: list[str], topk: int) -> list[list[dict[str, Any]]]:
         try:
@@ -125,7 +121,9 @@ class HttpSearchBackend:
         answer = await self.client.post_json(self.route, {"queries": queries, "topk": topk, "return_scores": True})
         result = answer.get("result") if isinstance(answer, dict) else None
         if not isinstance(result, list) or len(result) != len(queries) or not all(isinstance(r, list) for r in result):
-            raise ServiceUnavailableError(f"{self.client.base_url}{self.route} answered without a 'result' list per query")
+            raise ServiceUnavailableError(
+                f"{self.client.base_url}{self.route} answered without a 'result' list per query"
+            )
         return result
 
     async def aclose(self) -> None:
@@ -185,7 +183,9 @@ class SearchTool(Tool):
         if not query:
             raise BadToolInputError("the <search> block is empty; put a query between <search> and </search>")
         if len(query) > self.config.max_query_chars:
-            raise BadToolInputError(f"the query is {len(query)} characters long; the limit is {self.config.max_query_chars}")
+            raise BadToolInputError(
+                f"the query is {len(query)} characters long; the limit is {self.config.max_query_chars}"
+            )
         if self.backend is None:
             raise ServiceUnavailableError("the search tool is closed")
         hits = (await self.backend.search([query], self.config.topk))[0]

@@ -169,7 +169,9 @@ class WikiSearch:
         if embedder is None:
             embedder = Embedder(sidecar.get("model"), normalize=bool(sidecar.get("normalize", True)))
         elif sidecar.get("model") and sidecar["model"] != embedder.model_name:
-            logger.warning("index %s was built with %s, queries use %s", index_path, sidecar["model"], embedder.model_name)
+            logger.warning(
+                "index %s was built with %s, queries use %s", index_path, sidecar["model"], embedder.model_name
+            )
         return cls(to_gpu(index) if use_gpu else index, store, embedder, sidecar)
 
     @classmethod
@@ -185,7 +187,12 @@ class WikiSearch:
         config = config or IndexConfig(kind="flat")
         vectors = embedder.encode([p.embedding_text for p in passages], show_progress=show_progress)
         index = build_index(vectors, config, show_progress=show_progress)
-        return cls(index, InMemoryPassageStore(passages), embedder, {"model": embedder.model_name, "config": dataclasses.asdict(config)})
+        return cls(
+            index,
+            InMemoryPassageStore(passages),
+            embedder,
+            {"model": embedder.model_name, "config": dataclasses.asdict(config)},
+        )
 
     def __len__(self) -> int:
         return len(self.passages)
@@ -198,9 +205,14 @@ class WikiSearch:
             return []
         vectors = self.embedder.encode(list(queries))
         scores, rows = self.index.search(vectors, min(topk, len(self.passages)))
+        # FAISS pads with row -1 when fewer than topk vectors are reachable.
         return [
-            [SearchHit(self.passages[int(row)], float(score), int(row)) for score, row in zip(score_row, row_row) if row >= 0]
-            for score_row, row_row in zip(scores, rows)
+            [
+                SearchHit(self.passages[int(row)], float(score), int(row))
+                for score, row in zip(score_row, row_row, strict=True)
+                if row >= 0
+            ]
+            for score_row, row_row in zip(scores, rows, strict=True)
         ]
 
     def search_results(self, queries: list[str], topk: int) -> list[list[dict[str, Any]]]:

@@ -184,7 +184,7 @@ def loop_parts():
     from rapo_buffers.candidates import Candidate, StaticRetriever
     from rapo_env.tasks.procedural_math import ProceduralMath
 
-    tasks = ProceduralMath(seed=0, num_tasks=4)
+    tasks = ProceduralMath(seed=0, num_tasks=4, difficulty=1)
     retriever = StaticRetriever([
         Candidate(value="<python>print(2 * 3)</python> <result>\n6\n</result>", reward=1.0, score=0.9),
         Candidate(value="<python>print(7)</python> <result>\n7\n</result>", reward=0.0, score=0.5),
@@ -198,7 +198,7 @@ def make_trainer(tmp_path, loop_parts, *overrides):
 
     tasks, retriever = loop_parts
     config = load_config(None, [
-        "num_tasks=4", "train_batch_size=2", "ppo_mini_batch_size=1", "micro_batch_size=3", "rollout_n=4",
+        "num_tasks=4", "data.difficulty=1", "train_batch_size=2", "ppo_mini_batch_size=1", "micro_batch_size=3", "rollout_n=4",
         "no_retrieve_first_k=2", "retrieve_prob=1.0", "max_prompt_tokens=512", "max_response_tokens=256",
         "lr=1e-3", "env_kwargs={sandbox: subprocess, system_prompt: Use python.}", "logging.progress=false", "logging.tensorboard=true",
         "recompute_old_logprobs=true", f"logging.output_dir={tmp_path}", *overrides,

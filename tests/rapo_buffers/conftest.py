@@ -42,7 +42,9 @@ def _build(traces, folder: Path, embedder: Embedder, kind: str) -> BuiltBuffer:
     corpus_path, index_path = folder / "buffer.jsonl", folder / "buffer.index"
     write_buffer(corpus_path, traces)
     build_step_index(traces, index_path, embedder, IndexConfig(kind=kind), corpus_path, show_progress=False)
-    return BuiltBuffer(traces, corpus_path, index_path, InProcessRetriever.from_files(corpus_path, index_path, embedder))
+    return BuiltBuffer(
+        traces, corpus_path, index_path, InProcessRetriever.from_files(corpus_path, index_path, embedder)
+    )
 
 
 @pytest.fixture(scope="session")

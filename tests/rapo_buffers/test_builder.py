@@ -9,12 +9,24 @@ from rapo_env.trajectory import StepRecord, Trajectory, write_jsonl
 
 
 def rollout(task_id: str, index: int, reward: float, turns: int = 2) -> Trajectory:
-    steps = [StepRecord(action=f"<python>{task_id}-{index}-{turn}</python>", observation=f" <result>\n{turn}\n</result>")
-             for turn in range(turns)]
+    steps = [
+        StepRecord(action=f"<python>{task_id}-{index}-{turn}</python>", observation=f" <result>\n{turn}\n</result>")
+        for turn in range(turns)
+    ]
     steps.append(StepRecord(action=f"<answer>\\boxed{{{index}}}</answer>", observation=""))
-    return Trajectory(task_id=task_id, rollout_index=index, question=f"question {task_id}", system_prompt="SYSTEM",
-                      prompt=f"question {task_id}", steps=steps, reward=reward, metrics={}, num_tool_calls=turns,
-                      end_reason="answer", source="test")
+    return Trajectory(
+        task_id=task_id,
+        rollout_index=index,
+        question=f"question {task_id}",
+        system_prompt="SYSTEM",
+        prompt=f"question {task_id}",
+        steps=steps,
+        reward=reward,
+        metrics={},
+        num_tool_calls=turns,
+        end_reason="answer",
+        source="test",
+    )
 
 
 def test_keeps_the_top_k_rollouts_of_each_question_by_reward():
@@ -57,11 +69,29 @@ def test_build_from_rollout_jsonl_skips_bad_lines(tmp_path):
 def test_cli_build_from_trajectories_and_gsm8k(tmp_path, shared_data, capsys):
     rollouts_path = tmp_path / "rollouts.jsonl"
     write_jsonl(rollouts_path, [rollout("a", i, 1.0) for i in range(3)])
-    assert main(["buffer", "build", "--input", str(rollouts_path), "--output", str(tmp_path / "b.jsonl"), "--top-k", "1"]) == 0
+    assert (
+        main(["buffer", "build", "--input", str(rollouts_path), "--output", str(tmp_path / "b.jsonl"), "--top-k", "1"])
+        == 0
+    )
     assert "steps: 3" in capsys.readouterr().out.replace("  ", "")
     gsm8k = str(shared_data / "math" / "gsm8k_train.jsonl")
-    assert main(["buffer", "build", "--source", "gsm8k", "--input", gsm8k, "--limit", "20",
-                 "--output", str(tmp_path / "g.jsonl")]) == 0
+    assert (
+        main(
+            [
+                "buffer",
+                "build",
+                "--source",
+                "gsm8k",
+                "--input",
+                gsm8k,
+                "--limit",
+                "20",
+                "--output",
+                str(tmp_path / "g.jsonl"),
+            ]
+        )
+        == 0
+    )
     traces, _ = read_buffer(tmp_path / "g.jsonl")
     assert len({trace.question_id for trace in traces}) == 20
     assert main(["buffer", "build", "--output", str(tmp_path / "x.jsonl")]) == 2  # no input: a clear error
@@ -75,3 +105,17 @@ def test_scripted_expert_source(scripted_trajectories):
     assert tool_steps and all("<python>" in trace.value and "</result>" in trace.value for trace in tool_steps)
     assert all("<think>" in trace.value for trace in traces)
     assert sum(trace.final for trace in traces) == len(scripted_trajectories)
+
+
+def test_cli_index_with_the_reference_flags(tmp_path, capsys):
+    from rapo_tools.search.faiss_index import load_sidecar
+
+    rollouts_path, corpus = tmp_path / "rollouts.jsonl", tmp_path / "Step_Trace_Buffer.jsonl"
+    write_jsonl(rollouts_path, [rollout("a", 0, 1.0), rollout("b", 0, 1.0)])
+    assert main(["buffer", "build", "--input", str(rollouts_path), "--output", str(corpus)]) == 0
+    with corpus.open("a") as handle:
+        handle.write("[1.0, 0.0]\n")  # a reference-style reward line: skipped, counted
+    index = tmp_path / "Step_Trace_Buffer.index"
+    assert main(["buffer", "index", "--corpus_path", str(corpus), "--index_path", str(index), "--index-kind", "flat"]) == 0
+    assert "indexed 6 steps (1 non-step lines skipped)" in capsys.readouterr().out
+    assert load_sidecar(index)["count"] == 6

@@ -20,7 +20,9 @@ def test_results_are_what_python_prints(shared_data):
             value = evaluate_arithmetic(expression)
             assert value is not None, expression
             assert str(value) == str(eval(expression, {"__builtins__": {}}))  # noqa: S307 (GSM8K arithmetic only)
-            assert abs(float(value) - float(annotated.replace(",", ""))) <= 0.01 * max(1.0, abs(float(value))), expression
+            assert abs(float(value) - float(annotated.replace(",", ""))) <= 0.01 * max(1.0, abs(float(value))), (
+                expression
+            )
             checked += 1
     assert checked > 1000
 

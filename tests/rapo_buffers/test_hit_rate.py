@@ -17,9 +17,11 @@ class RewordedExpert(ExpertAgent):
 
     def act(self, observation: str) -> str:
         turn = super().act(observation)
-        return turn.replace("Let me compute it.", "I will check this with a short program.").replace(
-            "print(", "result = ("
-        ).replace("</python>", "print(result)\n</python>")
+        return (
+            turn.replace("Let me compute it.", "I will check this with a short program.")
+            .replace("print(", "result = (")
+            .replace("</python>", "print(result)\n</python>")
+        )
 
 
 def test_hit_rate_on_the_questions_of_the_buffer(scripted_buffer):
@@ -69,5 +71,5 @@ def test_gsm8k_context_retrieves_its_own_next_step(gsm8k_buffer):
         queries.append(traces[0].key + first_step)
         expected.append(traces[1].value)
     results = gsm8k_buffer.retriever.retrieve(queries, topk=3)
-    hits = sum(want in [c.value for c in hits_] for want, hits_ in zip(expected, results))
+    hits = sum(want in [c.value for c in hits_] for want, hits_ in zip(expected, results, strict=True))
     assert hits / len(queries) >= 0.8

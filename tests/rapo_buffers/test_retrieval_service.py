@@ -32,8 +32,9 @@ def test_sidecar_records_model_count_and_normalisation(scripted_buffer, gsm8k_bu
 def test_reference_json_over_http(served):
     buffer, url = served
     trace = buffer.traces[1]
-    answer = httpx.post(f"{url}/retrieve", json={"queries": [trace.key, buffer.traces[0].key], "topk": 3,
-                                                 "return_scores": True}).json()
+    answer = httpx.post(
+        f"{url}/retrieve", json={"queries": [trace.key, buffer.traces[0].key], "topk": 3, "return_scores": True}
+    ).json()
     assert len(answer["result"]) == 2
     hits = answer["result"][0]
     assert len(hits) == 3 and set(hits[0]) >= {"document", "reward", "score"}
@@ -63,7 +64,10 @@ def test_bad_requests_get_4xx_and_the_client_a_typed_error(served):
     _, url = served
     assert httpx.post(f"{url}/retrieve", json={"queries": [], "topk": 3}).status_code == 422
     assert httpx.post(f"{url}/retrieve", json={"queries": ["q"], "topk": 0}).status_code == 422
-    assert httpx.post(f"{url}/retrieve", content=b"{not json", headers={"content-type": "application/json"}).status_code == 422
+    assert (
+        httpx.post(f"{url}/retrieve", content=b"{not json", headers={"content-type": "application/json"}).status_code
+        == 422
+    )
     client = RetrievalClient(url, retries=0)
     try:
         with pytest.raises(BadToolInputError):
@@ -77,7 +81,12 @@ def test_dead_service_and_malformed_answers_raise_service_unavailable():
     client = RetrievalClient("http://127.0.0.1:9", timeout_s=0.5, retries=1, backoff_s=0.01)
     with pytest.raises(ServiceUnavailableError):
         client.retrieve(["q"], topk=1)
-    for answer in ({"result": [[{"document": 3}]]}, {"result": []}, [1, 2], {"result": [[{"document": "d", "reward": "x"}]]}):
+    for answer in (
+        {"result": [[{"document": 3}]]},
+        {"result": []},
+        [1, 2],
+        {"result": [[{"document": "d", "reward": "x"}]]},
+    ):
         with pytest.raises(ServiceUnavailableError):
             parse_retrieve_answer(answer, expected_queries=1)
 

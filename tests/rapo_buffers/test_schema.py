@@ -14,8 +14,14 @@ from rapo_buffers.schema import StepTrace, read_buffer, write_buffer
 def test_reads_a_reference_style_file_with_reward_lists_and_garbage(tmp_path):
     path = tmp_path / "Step_Trace_Buffer.jsonl"
     reference_lines = [
-        {"key": "Q1", "value": "<python>1</python> <result>\n1\n</result>", "reward": 1.0,
-         "answer": "1", "ground_truth": "1", "f1": 1.0},
+        {
+            "key": "Q1",
+            "value": "<python>1</python> <result>\n1\n</result>",
+            "reward": 1.0,
+            "answer": "1",
+            "ground_truth": "1",
+            "f1": 1.0,
+        },
         [0.0, 1.0, 1.0],  # the reference writer mixes reward lists into the file
         {"key": "Q2", "value": "<answer>\\boxed{2}</answer>", "reward": 0},
     ]
@@ -30,16 +36,34 @@ def test_reads_a_reference_style_file_with_reward_lists_and_garbage(tmp_path):
 
 
 def test_round_trip_keeps_every_field(tmp_path):
-    trace = StepTrace(key="k", value="v", reward=0.5, question_id="q", step_index=2, is_final=False,
-                      answer="42", source="expert", extra={"f1": 0.5})
+    trace = StepTrace(
+        key="k",
+        value="v",
+        reward=0.5,
+        question_id="q",
+        step_index=2,
+        is_final=False,
+        answer="42",
+        source="expert",
+        extra={"f1": 0.5},
+    )
     path = tmp_path / "buffer.jsonl"
     assert write_buffer(path, [trace]) == 1
     assert read_buffer(path)[0] == [trace]
     assert json.loads(path.read_text())["f1"] == 0.5
 
 
-@pytest.mark.parametrize("record", [None, [], "text", {"key": 1, "value": "v"}, {"key": "k", "value": "v", "reward": float("nan")},
-                                    {"key": "k", "value": "v", "reward": True}])
+@pytest.mark.parametrize(
+    "record",
+    [
+        None,
+        [],
+        "text",
+        {"key": 1, "value": "v"},
+        {"key": "k", "value": "v", "reward": float("nan")},
+        {"key": "k", "value": "v", "reward": True},
+    ],
+)
 def test_non_records_raise_value_error(record):
     with pytest.raises(ValueError):
         StepTrace.from_dict(record)

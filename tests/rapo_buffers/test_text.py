@@ -14,7 +14,8 @@ QUESTION = "A farm has 12 cows. How many legs?"
 @pytest.mark.parametrize(
     "transcript",
     [
-        f"<|im_start|>system\nYou are helpful.<|im_end|>\n<|im_start|>user\n{QUESTION}<|im_end|>\n<|im_start|>assistant\n",
+        f"<|im_start|>system\nYou are helpful.<|im_end|>\n<|im_start|>user\n{QUESTION}<|im_end|>\n"
+        "<|im_start|>assistant\n",
         f"<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nYou are helpful.<|eot_id|>"
         f"<|start_header_id|>user<|end_header_id|>\n\n{QUESTION}<|eot_id|><|start_header_id|>assistant<|end_header_id|>",
         f"system\nYou are helpful.\nuser\n{QUESTION}",  # decoded with skip_special_tokens, as the reference embeds keys
@@ -38,8 +39,10 @@ def test_keeps_the_last_characters():
 def test_a_query_and_the_key_of_the_same_context_normalise_identically():
     history = "<think>legs per cow</think>\n<python>\n12*4\n</python> <result>\n48\n</result>"
     key = QUESTION + history  # how the builder stores contexts
-    query = (f"<|im_start|>system\nYou are helpful.<|im_end|>\n<|im_start|>user\n{QUESTION}<|im_end|>"
-             f"<|im_start|>assistant\n{history}")  # how a chat-templated rollout sees it
+    query = (
+        f"<|im_start|>system\nYou are helpful.<|im_end|>\n<|im_start|>user\n{QUESTION}<|im_end|>"
+        f"<|im_start|>assistant\n{history}"
+    )  # how a chat-templated rollout sees it
     assert normalize_context(key) == normalize_context(query)
     long_history = history * 30  # past 1,300 characters only the tail counts
     assert normalize_context(QUESTION + long_history) == normalize_context(query + long_history)

@@ -76,7 +76,7 @@ def test_knowledge_base_is_deterministic_and_its_evidence_is_in_the_passages():
         titles = task.metadata["evidence_titles"]
         texts = [kb.passage_by_title[title].text for title in titles]
         assert titles[0] in task.question
-        for previous_text, title in zip(texts, titles[1:]):
+        for previous_text, title in zip(texts, titles[1:], strict=False):
             assert title in previous_text  # each hop's entity is named in the previous hop's passage
         assert normalize_answer(task.answers[0]) in normalize_answer(texts[-1])  # the answer is in the last one
     assert {t.metadata["split"] for t in kb.questions} == {"train", "validation", "test"}
@@ -92,7 +92,9 @@ def test_cached_base_is_built_once_and_reloaded(tmp_path, embedder):
     reloaded, same_index = KnowledgeBase.cached(seed=5, cache_dir=tmp_path, embedder=embedder, **SMALL_KB)
     assert same_index == index_path and index_path.stat().st_mtime_ns == stamp
     assert reloaded.questions[0] == kb.questions[0] and reloaded.passages == kb.passages
-    assert WikiSearch.load(index_path, embedder=embedder).search([kb.passages[0].title], 1)[0][0].passage == kb.passages[0]
+    assert (
+        WikiSearch.load(index_path, embedder=embedder).search([kb.passages[0].title], 1)[0][0].passage == kb.passages[0]
+    )
 
 
 def test_default_env_passes_the_gymnasium_checker(kb_options):
@@ -144,8 +146,14 @@ def test_bad_tool_lists_are_rejected(kb_options):
 
 
 def test_hotpotqa_with_context_over_the_real_index(shared_data, hotpotqa_index, embedder, rapo_cache_dir):
-    env = QAEnv(dataset=shared_data / HOTPOTQA_QUESTIONS, corpus_path=shared_data / HOTPOTQA_CORPUS, limit=8,
-                embedder=embedder, cache_dir=rapo_cache_dir, reward="reference")
+    env = QAEnv(
+        dataset=shared_data / HOTPOTQA_QUESTIONS,
+        corpus_path=shared_data / HOTPOTQA_CORPUS,
+        limit=8,
+        embedder=embedder,
+        cache_dir=rapo_cache_dir,
+        reward="reference",
+    )
     tasks = env.tasks
     assert len(tasks) == 8 and tasks[0].metadata["supporting_titles"] == ["Alû", "Lilu (mythology)"]
     agent = ScriptedQAAgent(tasks, max_searches=3)
@@ -164,8 +172,9 @@ def test_hotpotqa_contexts_become_the_corpus(shared_data, tmp_path):
 
 
 def test_arpo_jsonl_through_the_search_service(shared_data, hotpotqa_service):
-    env = gym.make("RAPO-QA-v0", dataset=str(shared_data / "qa/arpo_hotpotqa_test.jsonl"),
-                   search_url=hotpotqa_service, limit=5)
+    env = gym.make(
+        "RAPO-QA-v0", dataset=str(shared_data / "qa/arpo_hotpotqa_test.jsonl"), search_url=hotpotqa_service, limit=5
+    )
     prompt, info = env.reset(seed=0, options={"task_index": 1})
     obs, reward, terminated, truncated, info = env.step(f"<search>{prompt}</search>")
     assert info["tool_ok"] and obs.count("Doc ") == 3 and not (terminated or truncated)
@@ -195,8 +204,11 @@ def test_file_datasets_need_a_corpus(shared_data):
 
 
 def test_dead_service_fails_the_search_and_the_episode_goes_on(shared_data):
-    env = QAEnv(dataset=shared_data / "qa/arpo_bamboogle_test.jsonl", search_url=f"http://127.0.0.1:{_free_port()}",
-                search={"timeout_s": 1.0, "retries": 1, "backoff_s": 0.01})
+    env = QAEnv(
+        dataset=shared_data / "qa/arpo_bamboogle_test.jsonl",
+        search_url=f"http://127.0.0.1:{_free_port()}",
+        search={"timeout_s": 1.0, "retries": 1, "backoff_s": 0.01},
+    )
     env.reset(options={"task_index": 0})
     for expected_errors in (1, 2):
         obs, reward, terminated, truncated, info = env.step("<search>who founded Citibank</search>")
@@ -219,8 +231,11 @@ def test_slow_service_times_out_without_ending_the_episode(shared_data):
         return {"result": [[] for _ in payload["queries"]]}
 
     with serve_in_thread(app) as url:
-        env = QAEnv(dataset=shared_data / "qa/arpo_bamboogle_test.jsonl", search_url=url,
-                    search={"timeout_s": 0.3, "retries": 0})
+        env = QAEnv(
+            dataset=shared_data / "qa/arpo_bamboogle_test.jsonl",
+            search_url=url,
+            search={"timeout_s": 0.3, "retries": 0},
+        )
         env.reset(options={"task_index": 0})
         obs, _, terminated, truncated, info = env.step("<search>Citibank</search>")
         env.close()

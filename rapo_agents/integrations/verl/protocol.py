@@ -96,8 +96,8 @@ def shaping_factor(f_ret: torch.Tensor, response_mask: torch.Tensor, shaping_wei
     """``1 + m * F_ret`` per response token (0 off the mask): what the rapo loss reads from ``rollout_is_weights``.
 
     Example:
-        >>> shaping_factor(torch.tensor([0.5]), torch.tensor([[1, 1, 0]]), 0.1).tolist()
-        [[1.0499999523162354, 1.0499999523162354, 0.0]]
+        >>> shaping_factor(torch.tensor([0.5]), torch.tensor([[1, 1, 0]]), 0.1)
+        tensor([[1.0500, 1.0500, 0.0000]])
     """
     return (1.0 + shaping_weight * f_ret.float()).unsqueeze(-1) * response_mask.float()
 

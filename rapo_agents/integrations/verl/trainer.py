@@ -12,6 +12,10 @@ data is overridden here, through verl's own ``register_trainer`` extension point
 RAPO's knobs live in a top-level ``rapo:`` section of the verl config (verl's ``algorithm``
 dataclass has no room for them): ``advantage_weight`` (0.2) and ``shaping_weight`` (0.05).
 
+What is checked without GPUs: the pieces this step calls (`protocol`, the registered estimator
+and loss) against rapo's own functions, and that the class registers. The step itself runs
+against verl's TransferQueue inside a real verl job (the GPU-marked test).
+
 Example (import only; running it needs verl's Ray workers and TransferQueue):
     >>> from verl.trainer.ppo.v1 import get_trainer_cls
     >>> from rapo_agents.integrations.verl.trainer import RapoPPOTrainer, TRAINER_NAME

@@ -9,7 +9,7 @@ import torch
 
 from rapo_agents.policies import HFPolicy, SamplingParams
 
-GREEDY = SamplingParams(temperature=0.0, max_new_tokens=24, stop=())
+GREEDY = SamplingParams(temperature=0.0, max_new_tokens=16, stop=())
 
 
 def encode(policy, text):
@@ -76,7 +76,7 @@ def test_seeded_sampling_is_reproducible_in_any_batch(tiny_policy):
 def test_top_k_one_is_greedy_and_max_new_tokens_is_honoured(tiny_policy):
     context = encode(tiny_policy, "top-k")
     greedy = tiny_policy.generate([context], GREEDY)[0]
-    sampled = tiny_policy.generate([context], SamplingParams(temperature=1.0, top_k=1, max_new_tokens=24, stop=(),
+    sampled = tiny_policy.generate([context], SamplingParams(temperature=1.0, top_k=1, max_new_tokens=16, stop=(),
                                                              seed=1))[0]
     assert sampled.token_ids == greedy.token_ids
     short = tiny_policy.generate([context], GREEDY.replace(max_new_tokens=3))[0]

@@ -21,7 +21,7 @@ def test_smollm2_generates_with_exact_logprobs_padding_and_stop():
     context = tokenizer.encode(tokenizer.apply_chat_template(
         [{"role": "user", "content": "What is 2+3?"}], tokenize=False, add_generation_prompt=True),
         add_special_tokens=False)
-    greedy = SamplingParams(temperature=0.0, max_new_tokens=8, stop=())
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=4, stop=())
     short = tokenizer.encode("Hi", add_special_tokens=False)
     alone, with_padding = policy.generate([context], greedy)[0], policy.generate([short, context], greedy)[1]
     assert alone.token_ids == with_padding.token_ids and alone.num_tokens > 0
@@ -35,6 +35,6 @@ def test_smollm2_generates_with_exact_logprobs_padding_and_stop():
     if alone.num_tokens >= 3:
         stop = tokenizer.decode(alone.token_ids[1:3])
         if stop.strip():
-            cut = policy.generate([context], greedy.replace(stop=(stop,)))[0]
+            cut = policy.generate([context], greedy.replace(stop=(stop,), max_new_tokens=3))[0]
             assert cut.finish_reason == "stop" and cut.text.endswith(stop)
             assert cut.token_ids == alone.token_ids[: cut.num_tokens]

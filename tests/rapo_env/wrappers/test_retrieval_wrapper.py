@@ -171,7 +171,11 @@ def test_retrieval_calls_are_deterministic_under_a_seed():
 
 
 def test_selection_rules_and_fallback():
-    candidates = [Candidate("a", reward=0.2, score=0.9), Candidate("b", reward=0.8, score=0.5), Candidate("c", 0.8, 0.4)]
+    candidates = [
+        Candidate("a", reward=0.2, score=0.9),
+        Candidate("b", reward=0.8, score=0.5),
+        Candidate("c", 0.8, 0.4),
+    ]
     assert select_candidate(candidates, "max_reward") == 1  # ties in reward: the more similar one
     assert select_candidate(candidates, "most_similar") == 0
     with pytest.raises(ValueError):
@@ -224,7 +228,9 @@ def test_dead_http_service_is_a_counted_failure():
 
 
 def test_length_budget_skips_the_splice():
-    env = StepTraceRetrievalWrapper(CountingTextEnv(), good_retriever(), retrieve_prob=1.0, max_context_chars=80, seed=0)
+    env = StepTraceRetrievalWrapper(
+        CountingTextEnv(), good_retriever(), retrieve_prob=1.0, max_context_chars=80, seed=0
+    )
     env.reset()
     _, _, _, _, info = env.step("<python>1</python>")
     assert info["retrieval"] is None and info["retrieval_errors"] == 0

@@ -21,8 +21,23 @@ REPO_ROOT = Path(__file__).resolve().parents[3]
 def test_build_index_then_serve_with_the_reference_script(shared_data, tmp_path, capsys):
     corpus = shared_data / "corpus/searchr1_example_corpus.jsonl"
     index = tmp_path / "example.faiss"
-    assert main(["search", "build-index", "--corpus_path", str(corpus), "--index_path", str(index),
-                 "--index_type", "flat", "--device", "cpu"]) == 0
+    assert (
+        main(
+            [
+                "search",
+                "build-index",
+                "--corpus_path",
+                str(corpus),
+                "--index_path",
+                str(index),
+                "--index_type",
+                "flat",
+                "--device",
+                "cpu",
+            ]
+        )
+        == 0
+    )
     assert "indexed 10 passages" in capsys.readouterr().out
     meta = json.loads(Path(f"{index}.json").read_text())
     assert meta["count"] == 10 and meta["config"]["kind"] == "flat"
@@ -31,9 +46,23 @@ def test_build_index_then_serve_with_the_reference_script(shared_data, tmp_path,
     port = _free_port()
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     server = subprocess.Popen(
-        [sys.executable, str(REPO_ROOT / "scripts/search_server.py"), "--corpus_path", str(corpus),
-         "--index_path", str(index), "--topk", "2", "--port", str(port), "--device", "cpu"],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        [
+            sys.executable,
+            str(REPO_ROOT / "scripts/search_server.py"),
+            "--corpus_path",
+            str(corpus),
+            "--index_path",
+            str(index),
+            "--topk",
+            "2",
+            "--port",
+            str(port),
+            "--device",
+            "cpu",
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
     )
     url = f"http://127.0.0.1:{port}"
     try:

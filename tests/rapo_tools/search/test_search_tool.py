@@ -43,8 +43,9 @@ def test_concurrent_calls_are_answered_individually(hotpotqa_wiki):
 
 
 def test_observation_format_is_configurable(hotpotqa_wiki):
-    config = SearchToolConfig(topk=2, doc_template="[{rank}] {title} ({score:.2f}): {text}", separator="\n---\n",
-                              max_doc_chars=40)
+    config = SearchToolConfig(
+        topk=2, doc_template="[{rank}] {title} ({score:.2f}): {text}", separator="\n---\n", max_doc_chars=40
+    )
     with SearchTool(hotpotqa_wiki, config) as tool:
         text = tool.call("Demon Dice").text
     first, second = text.split("\n---\n")

@@ -24,7 +24,7 @@ def test_in_process_search_finds_gold_paragraphs(hotpotqa_wiki, shared_data):
     ranked = hotpotqa_wiki.search([task.question for task in tasks], topk=10)
     found = [
         any(hit.passage.title in task.metadata["supporting_titles"] for hit in hits)
-        for task, hits in zip(tasks, ranked)
+        for task, hits in zip(tasks, ranked, strict=True)
     ]
     assert sum(found) >= 15  # dense retrieval finds a gold paragraph in the top 10 for most questions
     scores = [hit.score for hit in ranked[0]]
@@ -40,8 +40,9 @@ def test_reference_request_and_response_json(wiki_server):
     assert first["document"]["title"] == "Demon Dice"
     assert first["document"]["contents"].startswith('"Demon Dice"\n')  # Search-R1 clients read `contents`
     assert all(len(hits) == 3 for hits in answer["result"])
-    plain = httpx.post(f"{wiki_server}/wikiSearch", json={"queries": ["Demon Dice"], "topk": 1,
-                                                          "return_scores": False}, timeout=30).json()
+    plain = httpx.post(
+        f"{wiki_server}/wikiSearch", json={"queries": ["Demon Dice"], "topk": 1, "return_scores": False}, timeout=30
+    ).json()
     assert set(plain["result"][0][0]) == {"document"}
     default = httpx.post(f"{wiki_server}/wikiSearch", json={"queries": ["Demon Dice"]}, timeout=30).json()
     assert len(default["result"][0]) == 3  # topk defaults to 3
@@ -75,12 +76,14 @@ def test_bad_requests_get_clear_4xx(wiki_server, payload, status, message):
 
 
 def test_malformed_json_and_oversized_bodies(wiki_server):
-    response = httpx.post(f"{wiki_server}/wikiSearch", content=b"{not json", timeout=10,
-                          headers={"content-type": "application/json"})
+    response = httpx.post(
+        f"{wiki_server}/wikiSearch", content=b"{not json", timeout=10, headers={"content-type": "application/json"}
+    )
     assert response.status_code == 422
     huge = json.dumps({"queries": ["y" * 1_000_000] * 5}).encode()
-    response = httpx.post(f"{wiki_server}/wikiSearch", content=huge, timeout=30,
-                          headers={"content-type": "application/json"})
+    response = httpx.post(
+        f"{wiki_server}/wikiSearch", content=huge, timeout=30, headers={"content-type": "application/json"}
+    )
     assert response.status_code == 413 and "bytes" in response.json()["detail"]
     assert httpx.get(f"{wiki_server}/health", timeout=10).json()["status"] == "ok"  # still serving
 
@@ -90,9 +93,9 @@ def test_concurrent_clients_each_get_their_own_ranking(wiki_server):
 
     async def main():
         async with httpx.AsyncClient(base_url=wiki_server, timeout=60) as client:
-            answers = await asyncio.gather(*(
-                client.post("/wikiSearch", json={"queries": [title], "topk": 1}) for title in titles
-            ))
+            answers = await asyncio.gather(
+                *(client.post("/wikiSearch", json={"queries": [title], "topk": 1}) for title in titles)
+            )
         return [answer.json()["result"][0][0]["document"]["title"] for answer in answers]
 
     assert asyncio.run(main()) == titles
