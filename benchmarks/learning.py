@@ -91,7 +91,8 @@ def main() -> None:
     grpo_last = [r["reward/mean last third"] for r in rows if r["run"].startswith("GRPO")]
     report(name, "RAPO vs GRPO on the embedded defaults", columns, rows,
            extra={"overrides": overrides, "seeds": args.seeds, "plot": str(plot),
-                  "rapo_minus_grpo_reward_last_third": sum(rapo_last) / len(rapo_last) - sum(grpo_last) / len(grpo_last)})
+                  "rapo_minus_grpo_reward_last_third":
+                      sum(rapo_last) / len(rapo_last) - sum(grpo_last) / len(grpo_last)})
     print(f"curves: {plot}")
 
 

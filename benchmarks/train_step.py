@@ -108,7 +108,8 @@ def make_batch(sequences: int, prompt_tokens: int, response_tokens: int, vocab: 
     return TrainBatch(
         input_ids=input_ids * attention, attention_mask=attention, loss_mask=loss_mask,
         old_logprobs=torch.zeros(sequences, width), advantages=advantages, f_ret=torch.zeros(sequences),
-        rewards=rewards, z_ret=torch.zeros(sequences), prompt_lengths=torch.full((sequences,), prompt_tokens),
+        rewards=rewards, z_ret=torch.zeros(sequences), retrievals=torch.zeros(sequences, dtype=torch.long),
+        prompt_lengths=torch.full((sequences,), prompt_tokens),
     )
 
 

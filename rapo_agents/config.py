@@ -80,7 +80,8 @@ class RolloutConfig:
     """How rollouts are generated."""
 
     backend: str = "hf"
-    """``hf`` (transformers; the CPU default, shares the trainer's model) or ``vllm`` (GPU, weights synced each step)."""
+    """``hf`` (transformers; the CPU default, shares the trainer's model) or ``vllm`` (GPU, weights synced
+    each step)."""
     rollout_n: int = 4
     """``ROLLOUT_N``: rollouts per question (the group size G of the advantages; the paper uses 16)."""
     temperature: float = 1.0
@@ -106,7 +107,8 @@ class RetrievalConfig:
     enabled: bool = True
     """Splice retrieved step traces into hybrid rollouts. False turns the trainer into GRPO."""
     retriever: str = "default"
-    """``default`` (the embedded scripted-expert buffer, retrieved in-process), a buffer JSONL path, or a ``/retrieve`` URL."""
+    """``default`` (the embedded scripted-expert buffer, retrieved in-process), a buffer JSONL path, or the URL
+    of a ``/retrieve`` service."""
     index_path: str | None = None
     """FAISS index of a buffer JSONL given as ``retriever`` (``rapo buffer index`` writes it)."""
     retrieve_prob: float = 0.5
@@ -215,7 +217,8 @@ class TrainConfig:
         if not 0.0 <= self.retrieval.retrieve_prob <= 1.0:
             raise ConfigError(f"retrieval.retrieve_prob must be in [0, 1], got {self.retrieval.retrieve_prob}")
         if self.retrieval.select not in ("auto", "most_similar", "max_reward"):
-            raise ConfigError(f"retrieval.select must be auto, most_similar or max_reward, got {self.retrieval.select!r}")
+            raise ConfigError(
+                f"retrieval.select must be auto, most_similar or max_reward, got {self.retrieval.select!r}")
         if self.retrieval.retriever.endswith(".jsonl") and not self.retrieval.index_path:
             raise ConfigError("retrieval.retriever is a buffer JSONL: set retrieval.index_path to its FAISS index")
         if self.rollout.backend not in ("hf", "vllm"):
@@ -278,7 +281,7 @@ def _coerce(value: Any, annotation: Any, where: str) -> Any:
         item_types = typing.get_args(annotation)
         if len(item_types) != len(value):
             raise ConfigError(f"{where} must have {len(item_types)} items, got {len(value)}")
-        return tuple(_coerce(item, item_type, where) for item, item_type in zip(value, item_types))
+        return tuple(_coerce(item, item_type, where) for item, item_type in zip(value, item_types, strict=True))
     if annotation is bool:
         if isinstance(value, bool):
             return value
@@ -310,7 +313,8 @@ def _from_dict(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
     unknown = [key for key in data if key not in types_by_name]
     if unknown:
         hints = {key: difflib.get_close_matches(key, list(types_by_name), n=1) for key in unknown}
-        described = ", ".join(f"{prefix}{key}" + (f" (did you mean {prefix}{hints[key][0]}?)" if hints[key] else "") for key in unknown)
+        described = ", ".join(
+            f"{prefix}{key}" + (f" (did you mean {prefix}{hints[key][0]}?)" if hints[key] else "") for key in unknown)
         raise ConfigError(f"unknown setting(s): {described}")
     values = {name: _coerce(value, types_by_name[name], prefix + name) for name, value in data.items()}
     try:

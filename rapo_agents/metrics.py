@@ -127,7 +127,8 @@ def _finite(value: Any) -> Any:
 
 
 def read_metrics(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
-    """The records of a ``metrics.jsonl``; a resumed run's repeated steps keep their last record, bad lines are skipped."""
+    """The records of a ``metrics.jsonl``, by step; a resumed run's repeated step keeps its last record, bad lines
+    are skipped."""
     by_step: dict[int, dict[str, Any]] = {}
     with Path(path).open(encoding="utf-8", errors="replace") as handle:
         for line in handle:
@@ -152,17 +153,18 @@ def plot_curves(
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    present = [key for key in keys if any(record.get(key) is not None for records in runs.values() for record in records)]
+    present = [key for key in keys
+               if any(record.get(key) is not None for records in runs.values() for record in records)]
     if not present:
         return None
     columns = min(3, len(present))
     rows = math.ceil(len(present) / columns)
     figure, axes = plt.subplots(rows, columns, figsize=(4.2 * columns, 2.9 * rows), squeeze=False)
-    for axis, key in zip(axes.flat, present):
+    for axis, key in zip(axes.flat, present, strict=False):  # the grid may have spare panels
         for label, records in runs.items():
             points = [(record["step"], record[key]) for record in records if record.get(key) is not None]
             if points:
-                steps, values = zip(*points)
+                steps, values = zip(*points, strict=True)
                 axis.plot(steps, values, marker="o", markersize=2.5, linewidth=1.3, label=label)
         axis.set_title(key, fontsize=9)
         axis.set_xlabel("step", fontsize=8)

@@ -279,7 +279,8 @@ def group_normalize(values: torch.Tensor, group_index: torch.Tensor, eps: float 
     """
     if values.dim() != 1 or values.shape != group_index.shape:
         raise ValueError(
-            f"values and group_index must be 1-d of one length, got {tuple(values.shape)} and {tuple(group_index.shape)}"
+            "values and group_index must be 1-d of one length, "
+            f"got {tuple(values.shape)} and {tuple(group_index.shape)}"
         )
     _, dense = torch.unique(group_index, return_inverse=True)
     num_groups = int(dense.max().item()) + 1 if dense.numel() else 0

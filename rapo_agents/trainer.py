@@ -199,7 +199,8 @@ class RAPOTrainer:
         return resolve_retriever(spec)
 
     def wrap_env(self, env: gym.Env) -> gym.Env:
-        """Wrap a training env for hybrid rollouts (spec §4): rollouts ``>= no_retrieve_first_k`` of a group retrieve."""
+        """Wrap a training env for hybrid rollouts (spec §4): rollouts ``>= no_retrieve_first_k`` of a group
+        retrieve."""
         from rapo_env.wrappers.retrieval import StepTraceRetrievalWrapper
 
         retrieval = self.config.retrieval
@@ -242,10 +243,18 @@ class RAPOTrainer:
         shares_gpu = config.rollout.backend == "vllm" and hasattr(self.policy, "sleep")
         if shares_gpu:
             self.policy.sleep()
-        if config.optim.recompute_old_logprobs:
-            batch.old_logprobs = recompute_logprobs(self.model, batch, self.update_settings)
-        update_stats = ppo_update(self.model, self.optimizer, batch, config.algorithm, self.update_settings,
-                                  self.reference_model)
+        algorithm = config.algorithm
+        if not batch.advantages.any() and algorithm.kl_coef == 0 and algorithm.entropy_coef == 0:
+            # No group has reward variance: the loss is identically 0, so the forward and backward passes
+            # would only buy AdamW's weight decay. Skip them (counted), as GRPO-style trainers that drop
+            # zero-variance groups do.
+            update_stats = {"optim/skipped_zero_advantage": 1.0, "time/update_s": 0.0}
+        else:
+            if config.optim.recompute_old_logprobs:
+                batch.old_logprobs = recompute_logprobs(self.model, batch, self.update_settings)
+            update_stats = ppo_update(self.model, self.optimizer, batch, algorithm, self.update_settings,
+                                      self.reference_model)
+            update_stats["optim/skipped_zero_advantage"] = 0.0
 
         sync_started = time.perf_counter()
         if shares_gpu:

@@ -30,7 +30,8 @@ SUMMARY_KEYS = (
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", default=None, help="YAML config (default: the embedded defaults, configs/default.yaml)")
+    parser.add_argument("--config", default=None,
+                        help="YAML config (default: the embedded defaults, as in configs/default.yaml)")
     parser.add_argument("overrides", nargs="*", metavar="key=value",
                         help="settings to override, e.g. rollout_n=8 optim.lr=1e-6 retrieval.enabled=false")
     parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
@@ -72,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
         console.print(f"[red]config error:[/red] {error}")
         return 2
     if args.print_config:
-        console.print(yaml.safe_dump(config.to_dict(), sort_keys=False))
+        print(yaml.safe_dump(config.to_dict(), sort_keys=False), end="")  # plain: no rich markup or wrapping
         return 0
 
     from rapo_agents.trainer import RAPOTrainer

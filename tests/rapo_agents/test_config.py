@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rapo_agents.config import ConfigError, TrainConfig, leaf_paths, load_config, parse_overrides, resolve_key
+from rapo_agents.config import ConfigError, leaf_paths, load_config, parse_overrides, resolve_key
 
 
 def test_defaults_are_the_embedded_job_and_the_spec_constants():
@@ -107,3 +107,15 @@ def test_shipped_configs_load():
     assert reference.rollout.rollout_n == 16 and reference.retrieval.no_retrieve_first_k == 8
     assert reference.optim.lr == 1e-6 and reference.optim.train_batch_size == 32
     assert reference.optim.ppo_mini_batch_size == 16 and reference.rollout.backend == "vllm"
+
+
+def test_rapo_train_command_prints_config_and_rejects_bad_keys(capsys):
+    import yaml
+
+    from rapo_agents.cli import main
+
+    assert main(["train", "--print-config", "rollout_n=8", "retrieval.enabled=false"]) == 0
+    printed = yaml.safe_load(capsys.readouterr().out)
+    assert printed["rollout"]["rollout_n"] == 8 and printed["retrieval"]["enabled"] is False
+    assert main(["train", "rolout_n=8"]) == 2
+    assert "did you mean" in capsys.readouterr().out

@@ -37,10 +37,24 @@ def test_config_fidelity_switches_documented_differences():
         "reference",
     )
     # 16 rollouts, k = 8: the paper makes 8 hybrid, the reference code 7 (the wrapper applies the rule).
+    import gymnasium as gym
+
+    from rapo_buffers.candidates import StaticRetriever
+
+    class Echo(gym.Env):
+        observation_space = action_space = gym.spaces.Text(64)
+
+        def reset(self, *, seed=None, options=None):
+            return "question", {}
+
+        def step(self, action):
+            return "result", 0.0, False, False, {}
+
     for config, hybrid in ((paper, 8), (reference, 7)):
-        wrapper = StepTraceRetrievalWrapper.__new__(StepTraceRetrievalWrapper)
-        wrapper.group_size, wrapper.no_retrieve_first_k, wrapper.hybrid_rule = 16, 8, config.hybrid_rule
-        assert sum(wrapper.is_hybrid(i) for i in range(16)) == hybrid
+        wrapper = StepTraceRetrievalWrapper(Echo(), StaticRetriever([]), no_retrieve_first_k=8, group_size=16,
+                                            select=config.selection, hybrid_rule=config.hybrid_rule)
+        hybrid_flags = [wrapper.reset(options={"rollout_index": i})[1]["hybrid"] for i in range(16)]
+        assert sum(hybrid_flags) == hybrid and not any(hybrid_flags[:8])
 
 
 @pytest.mark.parametrize("bad", [{"fidelity": "verl"}, {"clip_ratio_low": -0.1}, {"clip_ratio_c": 1.0}])
@@ -170,7 +184,8 @@ def test_rapo_advantage_hand_computed_and_weight_is_honoured():
     a_ret = (z_ret - z_ret.mean()) / (z_ret.std() + 1e-6)
     for weight in (0.2, 0.7):
         torch.testing.assert_close(rapo_advantages(rewards, z_ret, groups, weight), a_acc * (1 + weight * a_ret))
-    assert not torch.allclose(rapo_advantages(rewards, z_ret, groups, 0.2), rapo_advantages(rewards, z_ret, groups, 0.7))
+    low, high = rapo_advantages(rewards, z_ret, groups, 0.2), rapo_advantages(rewards, z_ret, groups, 0.7)
+    assert not torch.allclose(low, high)
     torch.testing.assert_close(fused_advantage(a_acc, a_ret, 0.0), a_acc)
 
 

@@ -117,7 +117,8 @@ def test_gradient_accumulation_equals_one_big_batch():
     for micro in (8, 3, 1):
         clone = copy.deepcopy(model)
         optimizer = torch.optim.AdamW(clone.parameters(), lr=1e-2)
-        stats = ppo_update(clone, optimizer, batch, RAPOConfig(), UpdateSettings(mini_batch_rows=8, micro_batch_size=micro))
+        settings = UpdateSettings(mini_batch_rows=8, micro_batch_size=micro)
+        stats = ppo_update(clone, optimizer, batch, RAPOConfig(), settings)
         results.append((torch.nn.utils.parameters_to_vector(clone.parameters()).detach(), stats))
     base_vector, base_stats = results[0]
     assert not torch.allclose(base_vector, torch.nn.utils.parameters_to_vector(model.parameters()))
@@ -149,8 +150,10 @@ class SeededAnswerPolicy:
     """A test policy over real math envs: one python call, then the right answer for odd sampling seeds, a wrong
     one for even seeds, so that groups have reward variance. It reports deterministic per-token entropies."""
 
-    def __init__(self, tasks):
+    def __init__(self, tasks, always_right: bool = False):
         from rapo_agents.policies import ByteTokenizer
+
+        self.always_right = always_right
 
         self.tokenizer = ByteTokenizer()
         self.vocab_size = self.tokenizer.vocab_size
@@ -162,13 +165,13 @@ class SeededAnswerPolicy:
         from rapo_agents.policies.base import per_context_sampling
 
         generations = []
-        for context, params in zip(contexts, per_context_sampling(contexts, sampling)):
+        for context, params in zip(contexts, per_context_sampling(contexts, sampling), strict=True):
             text = self.tokenizer.decode(context)
             if "<result>" not in text.split("<|im_start|>assistant", 1)[-1]:
                 turn = "<python>print(1)</python>"
             else:
                 answer = next(a for q, a in self.answers.items() if q in text)
-                turn = f"<answer>\\boxed{{{answer if params.seed % 2 else answer + '1'}}}</answer>"
+                turn = f"<answer>\\boxed{{{answer if params.seed % 2 or self.always_right else answer + '1'}}}</answer>"
             ids = self.tokenizer.encode(turn)[: params.max_new_tokens]
             entropy = 0.5 + (params.seed % 7) / 7
             generations.append(Generation(
@@ -192,19 +195,20 @@ def loop_parts():
     return tasks, retriever
 
 
-def make_trainer(tmp_path, loop_parts, *overrides):
+def make_trainer(tmp_path, loop_parts, *overrides, always_right=False):
     from rapo_agents.config import load_config
     from rapo_agents.trainer import RAPOTrainer
 
     tasks, retriever = loop_parts
     config = load_config(None, [
-        "num_tasks=4", "data.difficulty=1", "train_batch_size=2", "ppo_mini_batch_size=1", "micro_batch_size=3", "rollout_n=4",
-        "no_retrieve_first_k=2", "retrieve_prob=1.0", "max_prompt_tokens=512", "max_response_tokens=256",
-        "lr=1e-3", "env_kwargs={sandbox: subprocess, system_prompt: Use python.}", "logging.progress=false", "logging.tensorboard=true",
+        "num_tasks=4", "data.difficulty=1", "train_batch_size=2", "ppo_mini_batch_size=1", "micro_batch_size=3",
+        "rollout_n=4", "no_retrieve_first_k=2", "retrieve_prob=1.0", "max_prompt_tokens=512", "max_response_tokens=256",
+        "lr=1e-3", "env_kwargs={sandbox: subprocess, system_prompt: Use python.}", "logging.progress=false",
+        "logging.tensorboard=true",
         "recompute_old_logprobs=true", f"logging.output_dir={tmp_path}", *overrides,
     ])
     return RAPOTrainer(config, model=tiny_model(vocab_size=259), tokenizer=SeededAnswerPolicy(tasks).tokenizer,
-                       policy=SeededAnswerPolicy(tasks), retriever=retriever)
+                       policy=SeededAnswerPolicy(tasks, always_right), retriever=retriever)
 
 
 def parameters(model):
@@ -266,7 +270,18 @@ def test_sigterm_saves_a_checkpoint_and_stops_cleanly(tmp_path, loop_parts):
         return metrics
 
     trainer.train_step = step_then_signal
+    handler_before = signal.getsignal(signal.SIGTERM)
     result = trainer.train()
     assert result.interrupted and result.steps == 1
     assert result.checkpoint is not None and result.checkpoint.name == "step_000001"
-    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    assert signal.getsignal(signal.SIGTERM) is handler_before  # the trainer's handler is removed again
+
+
+def test_batches_without_reward_variance_skip_the_update(tmp_path, loop_parts):
+    trainer = make_trainer(tmp_path, loop_parts, "total_steps=1", "logging.plot=false", always_right=True)
+    before = parameters(trainer.model)
+    metrics = trainer.train_step()
+    trainer.close()
+    assert metrics["reward/mean"] == 1.0 and metrics["advantage/abs_mean"] == 0.0
+    assert metrics["optim/skipped_zero_advantage"] == 1.0
+    assert torch.equal(parameters(trainer.model), before)
