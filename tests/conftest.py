@@ -67,7 +67,7 @@ def policy_tokenizer_dir() -> str:
 
 @pytest.fixture(scope="session")
 def tiny_policy():
-    """`HFPolicy` over a 2-layer randomly initialised Llama with a byte vocabulary (`ByteTokenizer`), float32 on CPU."""
+    """`HFPolicy` over a 2-layer random Llama with a byte vocabulary (`ByteTokenizer`), float32 on CPU."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 

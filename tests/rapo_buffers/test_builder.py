@@ -116,6 +116,7 @@ def test_cli_index_with_the_reference_flags(tmp_path, capsys):
     with corpus.open("a") as handle:
         handle.write("[1.0, 0.0]\n")  # a reference-style reward line: skipped, counted
     index = tmp_path / "Step_Trace_Buffer.index"
-    assert main(["buffer", "index", "--corpus_path", str(corpus), "--index_path", str(index), "--index-kind", "flat"]) == 0
+    arguments = ["--corpus_path", str(corpus), "--index_path", str(index), "--index-kind", "flat"]
+    assert main(["buffer", "index", *arguments]) == 0
     assert "indexed 6 steps (1 non-step lines skipped)" in capsys.readouterr().out
     assert load_sidecar(index)["count"] == 6
