@@ -1,4 +1,4 @@
-"""Step entropies of spec §5 from one turn's per-token statistics.
+"""Step entropies of spec §5 from one turn's per-token statistics, through `rapo_agents.rapo`.
 
 - paper: the mean over the step's generated tokens of the full-vocabulary entropy;
 - reference: the sum over the first <= 20 tokens of the entropy of the top-10 log-probs,
@@ -16,7 +16,9 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from rapo_agents.policies.base import top_k_entropy
+import torch
+
+from rapo_agents.rapo import step_entropy_paper, step_entropy_reference
 
 REFERENCE_ENTROPY_TOKENS = 20
 """The reference estimator looks at the first 20 tokens of a step."""
@@ -26,7 +28,8 @@ def paper_step_entropy(token_entropies: Sequence[float] | None) -> float | None:
     """Mean full-vocabulary entropy of a step's tokens; None when there are none."""
     if not token_entropies:
         return None
-    return float(sum(token_entropies) / len(token_entropies))
+    values = torch.tensor(token_entropies, dtype=torch.float64)
+    return float(step_entropy_paper(values, torch.ones_like(values)))
 
 
 def reference_step_entropy(
@@ -35,6 +38,9 @@ def reference_step_entropy(
     """Sum over the first ``max_tokens`` tokens of the top-k entropy, divided by ``log(vocab_size)``."""
     if not top_logprobs:
         return None
-    if vocab_size < 2:
-        raise ValueError(f"vocab_size must be >= 2, got {vocab_size}")
-    return float(sum(top_k_entropy(row) for row in top_logprobs[:max_tokens]) / math.log(vocab_size))
+    width = max(len(row) for row in top_logprobs) or 1
+    padded = torch.full((len(top_logprobs), width), -math.inf, dtype=torch.float64)  # -inf adds nothing
+    for index, row in enumerate(top_logprobs):
+        padded[index, : len(row)] = torch.tensor(row, dtype=torch.float64)
+    mask = torch.ones(len(top_logprobs))
+    return float(step_entropy_reference(padded, mask, vocab_size, max_tokens=max_tokens, topk=width))
