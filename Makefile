@@ -32,7 +32,7 @@ test: setup
 	$(PY) -m pytest
 
 bench: setup
-	set -e; for script in benchmarks/*.py; do echo "== $$script"; $(PY) $$script; done
+	set -e; for script in benchmarks/[!_]*.py; do echo "== $$script"; $(PY) $$script; done
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

@@ -152,6 +152,24 @@ class OptimConfig:
 
 
 @dataclasses.dataclass
+class WarmupConfig:
+    """Supervised warm-up (behaviour cloning of the scripted expert) before RL.
+
+    A 135M model never writes a tool tag or an ``<answer>`` by chance, so without it every reward is
+    the format penalty, every advantage 0 and RL learns nothing. The reference's 7B recipe uses no SFT.
+    """
+
+    sft_steps: int = 12
+    """Optimiser steps of the warm-up (0: off). Needs ``data.source: procedural_math`` (the expert's tasks)."""
+    sft_batch_size: int = 4
+    """Expert episodes per warm-up optimiser step."""
+    sft_lr: float = 3e-4
+    """AdamW learning rate of the warm-up (its own optimiser; RL's moments start fresh after it)."""
+    num_expert_episodes: int = 48
+    """Expert episodes to clone: one per training question, the first ones of the split (capped by their number)."""
+
+
+@dataclasses.dataclass
 class LoggingConfig:
     """Where and how the run is recorded."""
 
@@ -195,6 +213,8 @@ class TrainConfig:
     """The RAPO objective: fidelity, ``advantage_weight``, ``shaping_weight``, clip ranges, KL and entropy terms."""
     optim: OptimConfig = dataclasses.field(default_factory=OptimConfig)
     """Optimiser and update schedule."""
+    warmup: WarmupConfig = dataclasses.field(default_factory=WarmupConfig)
+    """Behaviour cloning of the scripted expert before the RL loop."""
     logging: LoggingConfig = dataclasses.field(default_factory=LoggingConfig)
     """Metrics, checkpoints and plots."""
     seed: int = 0
@@ -221,6 +241,13 @@ class TrainConfig:
                 f"retrieval.select must be auto, most_similar or max_reward, got {self.retrieval.select!r}")
         if self.retrieval.retriever.endswith(".jsonl") and not self.retrieval.index_path:
             raise ConfigError("retrieval.retriever is a buffer JSONL: set retrieval.index_path to its FAISS index")
+        warmup = self.warmup
+        if warmup.sft_steps < 0 or warmup.sft_batch_size < 1 or warmup.num_expert_episodes < 1:
+            raise ConfigError("warmup needs sft_steps >= 0, sft_batch_size >= 1 and num_expert_episodes >= 1, "
+                              f"got {warmup}")
+        if warmup.sft_steps and self.data.source != "procedural_math":
+            raise ConfigError("the warm-up clones the scripted expert, which solves only procedural math: "
+                              "set warmup.sft_steps=0 for data.source=" + self.data.source)
         if self.rollout.backend not in ("hf", "vllm"):
             raise ConfigError(f"rollout.backend must be hf or vllm, got {self.rollout.backend!r}")
 

@@ -6,6 +6,8 @@ One step:
 2. play ``rollout_n`` rollouts of each through the rollout engine; the env is wrapped in
    `StepTraceRetrievalWrapper`, so rollouts ``>= no_retrieve_first_k`` of every group are hybrid;
 3. rewards, ``Z_ret``, ``F_ret`` and advantages (`rapo_agents.batch`, spec §5-6);
+0. once, before the first step: the optional supervised warm-up (`rapo_agents.warmup`), behaviour
+   cloning of the scripted expert so that a small model writes the tag protocol at all;
 4. PPO-style mini-batch updates with gradient accumulation, grad-norm clipping and AdamW
    (bf16 autocast and gradient checkpointing on GPU) (`rapo_agents.update`, spec §7);
 5. weight sync to the rollout policy (free when it shares the trainer's module);
@@ -144,6 +146,7 @@ class RAPOTrainer:
         )
         self.sampler = QuestionSampler(self.num_tasks, optim.train_batch_size, config.seed, config.data.shuffle)
         self.step = 0
+        self.warmup_done = config.warmup.sft_steps == 0
         self.output_dir = Path(config.logging.output_dir)
         self.checkpoints = CheckpointManager(self.output_dir / "checkpoints", config.logging.keep_last)
         self.update_settings = UpdateSettings(
@@ -223,6 +226,33 @@ class RAPOTrainer:
         finally:
             env.close()
 
+    # ---- warm-up ---------------------------------------------------------------------------------
+
+    def warm_up(self) -> dict[str, float]:
+        """Behaviour-clone the scripted expert on the training questions (``config.warmup``); returns its metrics."""
+        from rapo_agents.warmup import behaviour_cloning, expert_episodes
+
+        config, rollout = self.config, self.config.rollout
+        env = self._env_factory()
+        try:
+            episodes = expert_episodes(
+                env, config.warmup.num_expert_episodes, self.tokenizer, rollout.max_prompt_tokens,
+                rollout.max_response_tokens, rollout.max_turn_tokens, rollout.max_tool_calls,
+                show_progress=config.logging.progress)
+        finally:
+            env.close()
+        result = behaviour_cloning(
+            self.model, episodes, self._pad_token_id(), steps=config.warmup.sft_steps,
+            batch_size=config.warmup.sft_batch_size, lr=config.warmup.sft_lr,
+            micro_batch_size=config.optim.micro_batch_size, grad_clip=config.optim.grad_clip, seed=config.seed,
+            autocast_dtype=self.autocast_dtype, show_progress=config.logging.progress)
+        self.sync_policy()
+        self.warmup_done = True
+        print(f"warm-up: {config.warmup.sft_steps} steps on {len(episodes)} expert episodes, action NLL "
+              f"{result.loss_before:.3f} -> {result.loss_after:.3f} ({result.seconds:.0f} s)")
+        return {"warmup/loss": result.loss_after, "warmup/loss_before": result.loss_before,
+                "warmup/episodes": float(len(episodes)), "time/warmup_s": result.seconds}
+
     # ---- one step ------------------------------------------------------------------------------
 
     def rollout(self, task_indices: Sequence[int]) -> list[Trajectory]:
@@ -299,7 +329,8 @@ class RAPOTrainer:
             "optimizer": self.optimizer.state_dict(),
             "rng": rng_state(),
             "sampler": self.sampler.state_dict(),
-            "trainer": {"step": self.step, "epoch": self.sampler.epoch, "config": self.config.to_dict()},
+            "trainer": {"step": self.step, "epoch": self.sampler.epoch, "warmup_done": self.warmup_done,
+                        "config": self.config.to_dict()},
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -309,6 +340,8 @@ class RAPOTrainer:
         set_rng_state(state["rng"])
         self.sampler.load_state_dict(state["sampler"])
         self.step = int(state["trainer"]["step"])
+        # A checkpoint without the flag predates the warm-up: its weights are already past it.
+        self.warmup_done = bool(state["trainer"].get("warmup_done", True))
         self.sync_policy()
 
     def save_checkpoint(self) -> Path:
@@ -355,6 +388,8 @@ class RAPOTrainer:
         ) as logger, GracefulInterrupt() as interrupt:
             for note in logger.notes:
                 print(note)
+            if not self.warmup_done:
+                logger.log(self.step, self.warm_up())
             progress = tqdm(total=self.total_steps, initial=self.step, desc="train", unit="step",
                             disable=not logging_config.progress)
             while self.step < self.total_steps and not interrupt.requested:

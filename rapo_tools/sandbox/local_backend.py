@@ -78,7 +78,7 @@ def sandbox_environment() -> dict[str, str]:
     return env
 
 
-def _interpreter_roots(python: str) -> list[str]:
+def interpreter_roots(python: str) -> list[str]:
     """Directories the interpreter needs (its prefix, the venv, the real binary's install)."""
     roots = {os.path.dirname(os.path.dirname(os.path.realpath(python)))}
     if os.path.realpath(python) == os.path.realpath(sys.executable):
@@ -87,14 +87,30 @@ def _interpreter_roots(python: str) -> list[str]:
     return [path for path in ordered if not any(path != other and path.startswith(other + "/") for other in ordered)]
 
 
+SCRATCH_MOUNTS = ("/tmp", "/dev/shm")
+"""Private, size-limited tmpfs of each worker, emptied after every call."""
+
+
+def scratch_keep_entries(roots: list[str]) -> dict[str, list[str]]:
+    """Per scratch mount, the top-level entries that lead to an interpreter root bound back inside it
+    (a venv under ``/tmp``, say); the per-call clean-up leaves them alone."""
+    keep: dict[str, list[str]] = {}
+    for scratch in SCRATCH_MOUNTS:
+        for root in roots:
+            if root.startswith(scratch + "/"):
+                keep.setdefault(scratch, []).append(os.path.relpath(root, scratch).split("/")[0])
+    return keep
+
+
 def _hidden_mounts(hidden_paths: tuple[str, ...], keep: list[str]) -> list[str]:
-    """bwrap arguments that hide ``hidden_paths`` behind empty tmpfs, then mount ``keep`` back read-only."""
+    """bwrap arguments that hide ``hidden_paths`` behind empty tmpfs, then mount ``keep`` back read-only
+    (also where ``keep`` lies under a scratch mount)."""
     args: list[str] = []
     hidden = [os.path.realpath(path) for path in hidden_paths if os.path.isdir(path)]
     for path in hidden:
         args += ["--perms", "0755", "--tmpfs", path]
     for root in keep:
-        parent = next((path for path in hidden if root.startswith(path + "/")), None)
+        parent = next((path for path in (*hidden, *SCRATCH_MOUNTS) if root.startswith(path + "/")), None)
         if parent is None:
             continue
         directory = parent
@@ -116,7 +132,7 @@ def bwrap_arguments(config: SandboxConfig, bwrap: str, python: str, as_root: boo
         "--proc", "/proc",
         "--perms", "1777", "--size", scratch, "--tmpfs", "/tmp",
         "--perms", "1777", "--size", scratch, "--tmpfs", "/dev/shm",
-        *_hidden_mounts(config.hidden_paths, _interpreter_roots(python)),
+        *_hidden_mounts(config.hidden_paths, interpreter_roots(python)),
         "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
         "--die-with-parent", "--new-session", "--chdir", "/tmp", "--clearenv",
     ]
@@ -202,7 +218,8 @@ class LocalSandboxExecutor(PooledExecutor):
         return {
             "preload": list(preload),
             "warmup": warmup,
-            "scratch_dirs": ["/tmp", "/dev/shm"] if self.isolated else [scratch],
+            "scratch_dirs": list(SCRATCH_MOUNTS) if self.isolated else [scratch],
+            "scratch_keep": scratch_keep_entries(interpreter_roots(self.python)) if self.isolated else {},
             "own_pid_namespace": self.isolated,  # never kill(-1) outside our own pid namespace
             "drop_to": drop_to,
             "limits": limits,

@@ -272,13 +272,16 @@ def _kill_leftovers():
     return True
 
 
-def _empty_directory(path):
-    """Remove everything below ``path``, however deep or locked (walking with chdir: no long paths)."""
+def _empty_directory(path, keep=()):
+    """Remove everything below ``path`` but its top-level entries named in ``keep`` (read-only mounts of
+    the interpreter), however deep or locked (walking with chdir: no long paths)."""
     os.chdir(path)
     descended = []
     while True:
         subdirectory = None
         for entry in os.scandir("."):
+            if not descended and entry.name in keep:
+                continue
             if entry.is_dir(follow_symlinks=False):
                 subdirectory = entry.name
             else:
@@ -300,7 +303,7 @@ def _clean_up(settings):
         return False
     try:
         for path in settings["scratch_dirs"]:
-            _empty_directory(path)
+            _empty_directory(path, settings.get("scratch_keep", {}).get(path, ()))
     except OSError:
         return False  # the worker exits; the host starts a fresh one with fresh scratch space
     return True
