@@ -6,10 +6,13 @@ import contextlib
 import os
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+
+SCRIPTS_DIR = Path(__file__).resolve().parents[1] / "scripts"
 
 
 def free_port() -> int:
@@ -17,6 +20,12 @@ def free_port() -> int:
     with contextlib.closing(socket.socket()) as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def script_command(script: str, port: int, flags: dict[str, object], switches: Sequence[str] = ()) -> list[str]:
+    """``python scripts/<script> --<flag> <value> ... --port <port> <switches>`` with this interpreter."""
+    arguments = [item for flag, value in flags.items() for item in (f"--{flag}", str(value))]
+    return [sys.executable, str(SCRIPTS_DIR / script), *arguments, "--port", str(port), *switches]
 
 
 @contextlib.contextmanager

@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _report import RESULTS_DIR, report  # noqa: E402
-from _servers import free_port, plot_modes, script_server  # noqa: E402
+from _servers import free_port, plot_modes, script_command, script_server  # noqa: E402
 
 from rapo_agents.scripted import ExpertAgent  # noqa: E402
 from rapo_buffers.builder import build_step_traces  # noqa: E402
@@ -50,7 +50,6 @@ from rapo_tools.search.embedding import Embedder  # noqa: E402
 from rapo_tools.search.faiss_index import IndexConfig, build_index, save_index  # noqa: E402
 
 PAPER_STEPS = 169_489
-REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
 def rss_mb(pid: int | str = "self", field: str = "VmRSS") -> float:
@@ -125,17 +124,9 @@ def server_pid(port: int) -> int | None:
 
 def retrieval_server(corpus: Path, index: Path, micro_batching: bool, port: int):
     """``scripts/retrieve_server.py`` in a subprocess; a context manager yielding its URL once /health answers."""
-    command = [
-        sys.executable,
-        str(REPO_ROOT / "scripts" / "retrieve_server.py"),
-        "--corpus_path",
-        str(corpus),
-        "--index_path",
-        str(index),
-        "--port",
-        str(port),
-    ]
-    return script_server(command if micro_batching else [*command, "--no-micro-batching"], port)
+    flags = {"corpus_path": corpus, "index_path": index}
+    switches = [] if micro_batching else ["--no-micro-batching"]
+    return script_server(script_command("retrieve_server.py", port, flags, switches), port)
 
 
 async def load_test(url: str, queries: list[str], concurrency: int, duration_s: float) -> dict[str, float]:

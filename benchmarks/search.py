@@ -32,7 +32,7 @@ sys.path.insert(0, str(REPO_ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _report import RESULTS_DIR, report  # noqa: E402
-from _servers import free_port, plot_modes, script_server  # noqa: E402
+from _servers import free_port, plot_modes, script_command, script_server  # noqa: E402
 
 from rapo_env.tasks.hotpotqa import load_hotpotqa  # noqa: E402
 from rapo_tools.search.cache import cached_corpus_index  # noqa: E402
@@ -71,19 +71,9 @@ def hnsw_from_flat(flat_path: Path, hnsw_path: Path) -> None:
 def search_server(index: Path, micro_batching: bool):
     """``scripts/search_server.py`` over ``index`` in a subprocess; a context manager yielding its URL."""
     port = free_port()
-    command = [
-        sys.executable,
-        str(REPO_ROOT / "scripts" / "search_server.py"),
-        "--index_path",
-        str(index),
-        "--corpus_path",
-        str(CORPUS),
-        "--port",
-        str(port),
-        "--device",
-        "cpu",
-    ]
-    return script_server(command if micro_batching else [*command, "--no_batching"], port)
+    flags = {"index_path": index, "corpus_path": CORPUS, "device": "cpu"}
+    switches = [] if micro_batching else ["--no_batching"]
+    return script_server(script_command("search_server.py", port, flags, switches), port)
 
 
 async def load_test(url: str, queries: list[str], concurrency: int, requests: int) -> dict[str, float]:

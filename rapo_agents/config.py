@@ -141,7 +141,7 @@ class OptimConfig:
     """Sequences per forward/backward pass; gradients accumulate up to a mini-batch."""
     ppo_epochs: int = 1
     """Passes over each batch of rollouts."""
-    total_steps: int = 10
+    total_steps: int = 6
     """Training steps (batches of questions); the run also ends after ``total_epochs``."""
     total_epochs: int = 3
     """Passes over the question set."""
@@ -159,13 +159,13 @@ class WarmupConfig:
     the format penalty, every advantage 0 and RL learns nothing. The reference's 7B recipe uses no SFT.
     """
 
-    sft_steps: int = 12
+    sft_steps: int = 8
     """Optimiser steps of the warm-up (0: off). Needs ``data.source: procedural_math`` (the expert's tasks)."""
     sft_batch_size: int = 4
     """Expert episodes per warm-up optimiser step."""
     sft_lr: float = 3e-4
     """AdamW learning rate of the warm-up (its own optimiser; RL's moments start fresh after it)."""
-    num_expert_episodes: int = 48
+    num_expert_episodes: int = 32
     """Expert episodes to clone: one per training question, the first ones of the split (capped by their number)."""
 
 

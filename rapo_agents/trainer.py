@@ -406,7 +406,8 @@ class RAPOTrainer:
             if checkpoint is None or not checkpoint.name.endswith(f"{self.step:06d}"):
                 checkpoint = self.save_checkpoint()
         self.close()
-        history = read_metrics(self.output_dir / "metrics.jsonl")
+        # Step 0 holds the warm-up's record, not a training step's.
+        history = [record for record in read_metrics(self.output_dir / "metrics.jsonl") if record["step"] > 0]
         plot = None
         if logging_config.plot and history:
             label = "GRPO" if self.retriever is None else "RAPO"

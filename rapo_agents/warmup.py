@@ -214,7 +214,7 @@ def behaviour_cloning(
         for micro in _micro_batches(chosen, micro_batch_size):
             nll, _ = action_nll(model, collate_trajectories(micro, pad_token_id), autocast_dtype)
             (nll / normalizer).backward()
-            step_loss += float(nll) / normalizer
+            step_loss += float(nll.detach()) / normalizer
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
         if math.isfinite(float(grad_norm)):  # a non-finite step is skipped, not applied
             optimizer.step()

@@ -43,34 +43,12 @@ def parse_retrieve_answer(answer: Any, expected_queries: int) -> list[list[Candi
         raise ServiceUnavailableError(f"malformed /retrieve answer: {error}") from error
 
 
-class RetrievalClient:
-    """`Retriever` over HTTP.
-
-    Args:
-        base_url: The service root, e.g. ``"http://127.0.0.1:8001"``.
-        timeout_s: Time limit of one attempt.
-        retries: Extra attempts after a connection failure, 429 or 5xx.
-        backoff_s: Delay before the first retry (doubles each time).
-        max_concurrency: Requests in flight at once through this client.
-    """
-
-    def __init__(
-        self,
-        base_url: str,
-        timeout_s: float = 10.0,
-        retries: int = 3,
-        backoff_s: float = 0.2,
-        max_concurrency: int = 64,
-    ):
-        self.base_url = base_url.rstrip("/")
-        self._http = RetryingClient(
-            self.base_url, timeout_s=timeout_s, retries=retries, backoff_s=backoff_s, max_concurrency=max_concurrency
-        )
+class RetrievalClient(RetryingClient):
+    """`Retriever` over HTTP: a `RetryingClient` (same arguments: ``base_url``, ``timeout_s``, ``retries``,
+    ``backoff_s``, ``max_concurrency``) that speaks ``/retrieve``."""
 
     async def _retrieve(self, queries: list[str], topk: int) -> list[list[Candidate]]:
-        answer = await self._http.post_json(
-            RETRIEVE_ROUTE, {"queries": list(queries), "topk": topk, "return_scores": True}
-        )
+        answer = await self.post_json(RETRIEVE_ROUTE, {"queries": list(queries), "topk": topk, "return_scores": True})
         return parse_retrieve_answer(answer, len(queries))
 
     async def aretrieve(self, queries: list[str], topk: int) -> list[list[Candidate]]:
@@ -87,8 +65,8 @@ class RetrievalClient:
 
     def health(self) -> dict[str, Any]:
         """The service's ``/health`` answer."""
-        return run_sync(self._http.get_json("/health"))
+        return run_sync(self.get_json("/health"))
 
     def close(self) -> None:
         """Close the connection pool (reopened on next use)."""
-        run_sync(self._http.aclose())
+        run_sync(self.aclose())

@@ -205,7 +205,7 @@ def make_trainer(tmp_path, loop_parts, *overrides, always_right=False):
         "rollout_n=4", "no_retrieve_first_k=2", "retrieve_prob=1.0", "max_prompt_tokens=512", "max_response_tokens=256",
         "lr=1e-3", "env_kwargs={sandbox: subprocess, system_prompt: Use python.}", "logging.progress=false",
         "logging.tensorboard=true",
-        "recompute_old_logprobs=true", f"logging.output_dir={tmp_path}", *overrides,
+        "recompute_old_logprobs=true", "sft_steps=0", f"logging.output_dir={tmp_path}", *overrides,
     ])
     return RAPOTrainer(config, model=tiny_model(vocab_size=259), tokenizer=SeededAnswerPolicy(tasks).tokenizer,
                        policy=SeededAnswerPolicy(tasks, always_right), retriever=retriever)
@@ -285,3 +285,20 @@ def test_batches_without_reward_variance_skip_the_update(tmp_path, loop_parts):
     assert metrics["reward/mean"] == 1.0 and metrics["advantage/abs_mean"] == 0.0
     assert metrics["optim/skipped_zero_advantage"] == 1.0
     assert torch.equal(parameters(trainer.model), before)
+
+
+def test_warm_up_runs_once_before_rl_and_is_skipped_on_resume(tmp_path, loop_parts):
+    import json
+
+    warm = ("sft_steps=3", "sft_batch_size=2", "num_expert_episodes=4", "sft_lr=1e-2", "max_response_tokens=1024",
+            "max_turn_tokens=512", "logging.plot=false")
+    trainer = make_trainer(tmp_path, loop_parts, "total_steps=1", *warm)
+    assert [record["step"] for record in trainer.train().history] == [1]  # the history holds training steps
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [0, 1]
+    assert records[0]["warmup/loss"] < records[0]["warmup/loss_before"]
+    assert trainer.checkpoints.load_latest()["trainer"]["warmup_done"] is True
+    resumed = make_trainer(tmp_path, loop_parts, "total_steps=2", *warm)
+    resumed.train()
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [0, 1, 2]  # no second warm-up
