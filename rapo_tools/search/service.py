@@ -151,27 +151,35 @@ def _format_results(ranked: Sequence[Sequence[dict[str, Any]]], return_scores: b
     return formatted
 
 
-def limit_intra_op_threads(threads: int | None) -> Callable[[], None]:
-    """A function that sets torch's intra-op thread count of the calling thread, once per thread.
+class IntraOpThreadLimit:
+    """Sets torch's intra-op thread count of the calling thread, once per thread.
 
     Torch keeps the count per OS thread, so each worker thread (the micro-batcher's, or the
     thread pool's in per-request mode) must set it itself. Threads that already ran torch keep
     their count (the main thread of a trainer hosting the service in-process), but threads that
-    start later in the process default to it. None gives a function that does nothing.
+    start later in the process default to it. ``threads=None`` does nothing. Picklable (Ray Serve
+    ships the app to its replicas): the per-thread record starts afresh on unpickling.
     """
-    if threads is not None and threads < 1:
-        raise ValueError(f"intra_op_threads must be >= 1 or None, got {threads}")
-    configured = threading.local()
 
-    def limit() -> None:
-        if threads is None or getattr(configured, "done", False):
+    def __init__(self, threads: int | None):
+        if threads is not None and threads < 1:
+            raise ValueError(f"intra_op_threads must be >= 1 or None, got {threads}")
+        self.threads = threads
+        self._configured = threading.local()
+
+    def __call__(self) -> None:
+        if self.threads is None or getattr(self._configured, "done", False):
             return
         import torch
 
-        torch.set_num_threads(threads)
-        configured.done = True
+        torch.set_num_threads(self.threads)
+        self._configured.done = True
 
-    return limit
+    def __getstate__(self) -> dict[str, Any]:
+        return {"threads": self.threads}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["threads"])
 
 
 def per_query_topk(
@@ -180,7 +188,7 @@ def per_query_topk(
     """Adapt ``search_batch`` to `MicroBatcher` items ``(query, topk)``.
 
     Requests grouped in one batch may ask for different ``topk``: search the largest once, cut per query.
-    ``prepare_thread`` runs first in the calling thread (see `limit_intra_op_threads`).
+    ``prepare_thread`` runs first in the calling thread (see `IntraOpThreadLimit`).
     """
 
     def run_batch(items: list[tuple[str, int]]) -> list[list[dict[str, Any]]]:
@@ -216,7 +224,7 @@ def create_search_app(
     """
     limits = limits or ServiceLimits()
     batching = batching or BatchingConfig()
-    run_batch = per_query_topk(search_batch, limit_intra_op_threads(batching.intra_op_threads))
+    run_batch = per_query_topk(search_batch, IntraOpThreadLimit(batching.intra_op_threads))
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

@@ -31,18 +31,34 @@ def target(attack_sandbox):
     return attack_sandbox
 
 
+def _status_field(pid: int, field: str) -> int | None:
+    try:
+        with open(f"/proc/{pid}/status") as handle:
+            return next(int(line.split()[1]) for line in handle if line.startswith(field + ":"))
+    except (OSError, StopIteration):
+        return None
+
+
+def _descends_from_this_test(pid: int) -> bool:
+    """Whether ``pid`` was started (through any chain) by this pytest process; other rapo
+    processes on the host have sandbox workers of their own."""
+    while pid > 1:
+        pid = _status_field(pid, "PPid") or 0
+        if pid == os.getpid():
+            return True
+    return False
+
+
 def _sandbox_uid_processes(config: SandboxConfig) -> list[int]:
-    """Host pids running as a sandbox uid (the warm workers and anything the code left behind)."""
+    """Pids of this test's sandboxes running as a sandbox uid (the warm workers and anything the code left behind)."""
     pids = []
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
-        try:
-            with open(f"/proc/{name}/status") as handle:
-                uid = next(int(line.split()[1]) for line in handle if line.startswith("Uid:"))
-        except (OSError, StopIteration):
+        uid = _status_field(int(name), "Uid")
+        if uid is None:
             continue
-        if uid >= config.sandbox_uid_base:
+        if uid >= config.sandbox_uid_base and _descends_from_this_test(int(name)):
             pids.append(int(name))
     return pids
 

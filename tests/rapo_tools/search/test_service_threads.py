@@ -8,7 +8,7 @@ import httpx
 import pytest
 import torch
 
-from rapo_tools.search.service import BatchingConfig, create_search_app, limit_intra_op_threads
+from rapo_tools.search.service import BatchingConfig, create_search_app, IntraOpThreadLimit
 from rapo_tools.serving import serve_in_thread
 
 
@@ -33,7 +33,7 @@ def test_search_function_runs_single_threaded_by_default(micro_batching):
 
 
 def test_limit_applies_to_the_calling_thread_only_once_set():
-    limit = limit_intra_op_threads(1)
+    limit = IntraOpThreadLimit(1)
     seen: list[int] = []
 
     def worker() -> None:
@@ -49,4 +49,4 @@ def test_limit_applies_to_the_calling_thread_only_once_set():
 
 def test_bad_thread_count_is_rejected():
     with pytest.raises(ValueError, match="intra_op_threads"):
-        limit_intra_op_threads(0)
+        IntraOpThreadLimit(0)
