@@ -21,7 +21,7 @@ from rapo_tools.sandbox.local_backend import interpreter_roots, scratch_keep_ent
 
 pytestmark = pytest.mark.skipif(not os.path.isdir("/proc"), reason="the local sandbox needs Linux")
 
-# A venv that lives under /tmp is bound back read-only inside the scratch; the clean-up keeps it.
+# A venv that lives under /tmp (a fresh clone there) is bound back read-only inside the scratch; the clean-up keeps it.
 KEPT_IN_TMP = scratch_keep_entries(interpreter_roots(sys.executable)).get("/tmp", [])
 
 
