@@ -33,15 +33,8 @@ from rapo_env.core import ToolEnv
 from rapo_env.prompts import build_system_prompt
 from rapo_env.rewards import Score
 from rapo_env.rewards.judge import LLMJudgeReward
-from rapo_env.rewards.text import (
-    FORMAT_PENALTY,
-    best_over_aliases,
-    exact_match,
-    final_answer,
-    reference_reward,
-    token_f1,
-)
-from rapo_env.protocol import check_format
+from rapo_env.rewards.qa import QAReward
+from rapo_env.rewards.text import FORMAT_PENALTY, reference_reward
 from rapo_env.tasks import Task, resolve_tasks
 from rapo_env.tasks.knowledge_base import KnowledgeBase, KnowledgeBaseConfig
 from rapo_env.tasks.web_datasets import WEB_DATASET_FILES, knowledge_base_site, load_web_dataset
@@ -122,24 +115,6 @@ class _ProviderlessSearch(WebSearchTool):
         super().close()
 
 
-class AnswerMetricReward:
-    """Token F1 or exact match of the final answer against the gold aliases (format penalty -1, as the reference)."""
-
-    def __init__(self, metric: str, tool_tags: tuple[str, ...]):
-        if metric not in ("f1", "em"):
-            raise ValueError(f"unknown answer metric {metric!r}; use 'f1' or 'em'")
-        self.metric = metric
-        self.tool_tags = tool_tags
-
-    def __call__(self, response: str, task: Task) -> Score:
-        if not check_format(response, self.tool_tags).ok:
-            return Score(FORMAT_PENALTY, {"format_ok": 0.0, "f1": 0.0, "em": 0.0})
-        prediction = final_answer(response) or ""
-        f1 = best_over_aliases(token_f1, prediction, task.answers)
-        em = best_over_aliases(exact_match, prediction, task.answers)
-        return Score(f1 if self.metric == "f1" else em, {"format_ok": 1.0, "f1": f1, "em": em})
-
-
 def make_web_reward(
     reward: RewardSpec, tool_tags: tuple[str, ...], judge: ChatConfig | dict[str, Any] | None
 ) -> Callable[[str, Task], Score]:
@@ -149,7 +124,7 @@ def make_web_reward(
     if reward == "reference":
         return lambda response, task: reference_reward(response, task, tool_tags)
     if reward in ("f1", "em"):
-        return AnswerMetricReward(reward, tool_tags)
+        return QAReward(reward, tool_tags, format_penalty=FORMAT_PENALTY)
     if reward == "judge":
         if judge is None:
             raise ValueError(

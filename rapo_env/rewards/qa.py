@@ -44,16 +44,19 @@ class QAReward:
     Args:
         kind: One of `QA_REWARD_KINDS`.
         tool_tags: The env's tool tags (the format check and the multi-tool bonus look at them).
+        format_penalty: The reward of a badly formatted response for ``em``/``f1``/``substring``
+            (None: no penalty, the metric alone; the web env uses the reference's -1).
 
     Raises:
         ValueError: an unknown ``kind``.
     """
 
-    def __init__(self, kind: str = "f1", tool_tags: Iterable[str] = TOOL_TAGS):
+    def __init__(self, kind: str = "f1", tool_tags: Iterable[str] = TOOL_TAGS, format_penalty: float | None = None):
         if kind not in QA_REWARD_KINDS:
             raise ValueError(f"unknown QA reward {kind!r}; use one of {QA_REWARD_KINDS}")
         self.kind = kind
         self.tool_tags = tuple(tool_tags)
+        self.format_penalty = format_penalty
 
     def __call__(self, response: str, task: Task) -> Score:
         prediction = final_answer(response)
@@ -66,6 +69,8 @@ class QAReward:
         }
         if self.kind == "reference":
             reward = reference_reward(response, task, self.tool_tags).reward
+        elif self.format_penalty is not None and not metrics["format_ok"]:
+            reward = self.format_penalty
         else:
             reward = metrics[self.kind]
         return Score(float(reward), metrics)

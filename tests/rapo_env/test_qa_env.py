@@ -259,3 +259,11 @@ def test_qa_rewards_take_the_best_alias():
     assert QAReward("reference")("<answer>Obama</answer>", task).reward == -1.0  # no \boxed{}
     with pytest.raises(ValueError, match="unknown QA reward"):
         QAReward("bleu")
+
+
+def test_a_format_penalty_replaces_the_metric_only_for_badly_formatted_responses():
+    task = Task(id="q", question="?", answers=("Obama",), source="toy")
+    strict = QAReward("f1", ("search",), format_penalty=-1.0)
+    assert strict("<answer>Obama</answer>", task).reward == -1.0  # no \boxed{}: the penalty
+    assert QAReward("f1", ("search",))("<answer>Obama</answer>", task).reward == 1.0  # no penalty set
+    assert strict("<answer>\\boxed{Obama}</answer>", task).reward == 1.0
