@@ -11,7 +11,12 @@ Baselines are configs of the same trainer:
 - GRPO: ``retrieval.enabled=false`` (no hybrid rollouts, so ``Z_ret = F_ret = 0``);
 - hybrid rollouts without RAPO's reward and shaping (the paper's ablation): ``advantage_weight=0 shaping_weight=0``;
 - plain on-policy policy gradient (one update per batch, ratio 1): ``ppo_epochs=1`` with
-  ``ppo_mini_batch_size`` equal to ``train_batch_size``.
+  ``ppo_mini_batch_size`` equal to ``train_batch_size``;
+- ARPO-style entropy-based adaptive rollout: ``retrieval.enabled=false arpo.initial_rollouts=<rollout_n / 2>``
+  (``configs/arpo.yaml``).
+
+Rollouts run in this process (``rollout.backend=local``) or on Ray workers (``rollout.backend=ray``, the
+``ray`` section); ``rollout.policy`` picks the model backend (``hf`` or ``vllm``) either way.
 
 Example:
     >>> config = load_config(None, ["rollout_n=8", "optim.lr=2e-6", "retrieval.enabled=false"])
@@ -33,10 +38,17 @@ from typing import Any
 import yaml
 
 from rapo_agents.rapo import RAPOConfig
+from rapo_agents.rollout.branching import ARPOConfig
 
 
 class ConfigError(ValueError):
     """A config file or override that does not fit the settings."""
+
+
+ROLLOUT_BACKENDS = ("local", "ray")
+"""Values of ``rollout.backend``: where rollouts run."""
+POLICY_BACKENDS = ("hf", "vllm")
+"""Values of ``rollout.policy``: the model backend that generates."""
 
 
 @dataclasses.dataclass
@@ -79,9 +91,12 @@ class DataConfig:
 class RolloutConfig:
     """How rollouts are generated."""
 
-    backend: str = "hf"
-    """``hf`` (transformers; the CPU default, shares the trainer's model) or ``vllm`` (GPU, weights synced
-    each step)."""
+    backend: str = "local"
+    """Where rollouts run: ``local`` (this process) or ``ray`` (rollout workers on a Ray cluster, see the ``ray``
+    section; weights are pushed to them after every update)."""
+    policy: str = "hf"
+    """The model backend that generates: ``hf`` (transformers; the CPU default, locally it shares the trainer's
+    model) or ``vllm`` (GPU, weights synced each step)."""
     rollout_n: int = 4
     """``ROLLOUT_N``: rollouts per question (the group size G of the advantages; the paper uses 16)."""
     temperature: float = 1.0
@@ -98,6 +113,28 @@ class RolloutConfig:
     """Tool calls per episode during training (the reference allows 3)."""
     gpu_memory_utilization: float = 0.5
     """vLLM only: share of GPU memory for the rollout engine (the rest serves training)."""
+
+
+@dataclasses.dataclass
+class RayConfig:
+    """Rollout workers on Ray (``rollout.backend=ray``, extra ``[ray]``)."""
+
+    address: str | None = None
+    """Cluster to join (``auto``, ``ray://host:10001``); None: the one ``ray.init`` already started in this process,
+    else a new local one."""
+    num_workers: int = 2
+    """Rollout workers (Ray actors), each with its own envs, tools and retrieval wrapper; questions are dealt
+    to them round-robin, whole groups at a time."""
+    num_cpus_per_worker: float = 1.0
+    """CPUs Ray reserves for each worker."""
+    num_gpus_per_worker: float = 0.0
+    """GPUs Ray gives each worker (for its own ``hf``/``vllm`` replica of the policy)."""
+    policy_placement: str = "workers"
+    """``workers``: every worker generates with its own replica of the policy; ``actor``: one shared policy
+    actor generates for all workers (e.g. one GPU model behind CPU-only workers). Either way the trainer
+    pushes its weights to them after every update."""
+    policy_actor_gpus: float = 0.0
+    """GPUs of the shared policy actor (``policy_placement=actor``)."""
 
 
 @dataclasses.dataclass
@@ -209,6 +246,11 @@ class TrainConfig:
     """Rollout generation."""
     retrieval: RetrievalConfig = dataclasses.field(default_factory=RetrievalConfig)
     """Hybrid-policy rollouts."""
+    arpo: ARPOConfig = dataclasses.field(default_factory=ARPOConfig)
+    """ARPO-style entropy-based adaptive rollout (off by default; every key documented in
+    ``rapo_agents.rollout.branching.ARPOConfig``)."""
+    ray: RayConfig = dataclasses.field(default_factory=RayConfig)
+    """Rollout workers on Ray, for ``rollout.backend=ray``."""
     algorithm: RAPOConfig = dataclasses.field(default_factory=RAPOConfig)
     """The RAPO objective: fidelity, ``advantage_weight``, ``shaping_weight``, clip ranges, KL and entropy terms."""
     optim: OptimConfig = dataclasses.field(default_factory=OptimConfig)
@@ -248,8 +290,20 @@ class TrainConfig:
         if warmup.sft_steps and self.data.source != "procedural_math":
             raise ConfigError("the warm-up clones the scripted expert, which solves only procedural math: "
                               "set warmup.sft_steps=0 for data.source=" + self.data.source)
-        if self.rollout.backend not in ("hf", "vllm"):
-            raise ConfigError(f"rollout.backend must be hf or vllm, got {self.rollout.backend!r}")
+        rollout = self.rollout
+        if rollout.backend in POLICY_BACKENDS:
+            raise ConfigError(f"rollout.backend now says where rollouts run (local or ray); the model backend moved "
+                              f"to rollout.policy: write rollout.policy={rollout.backend} (and drop rollout.backend)")
+        if rollout.backend not in ROLLOUT_BACKENDS:
+            raise ConfigError(f"rollout.backend must be local or ray, got {rollout.backend!r}")
+        if rollout.policy not in POLICY_BACKENDS:
+            raise ConfigError(f"rollout.policy must be hf or vllm, got {rollout.policy!r}")
+        if self.ray.num_workers < 1 or self.ray.policy_placement not in ("workers", "actor"):
+            raise ConfigError(f"ray needs num_workers >= 1 and policy_placement workers or actor, got {self.ray}")
+        try:
+            self.arpo.enabled(rollout.rollout_n)
+        except ValueError as error:
+            raise ConfigError(f"arpo: {error} (rollout.rollout_n)") from error
 
     @property
     def select_rule(self) -> str:

@@ -10,8 +10,13 @@ One step:
    cloning of the scripted expert so that a small model writes the tag protocol at all;
 4. PPO-style mini-batch updates with gradient accumulation, grad-norm clipping and AdamW
    (bf16 autocast and gradient checkpointing on GPU) (`rapo_agents.update`, spec §7);
-5. weight sync to the rollout policy (free when it shares the trainer's module);
+5. weight sync to the rollout policy (free when it shares the trainer's module; with
+   ``rollout.backend=ray``, one copy in Ray's object store that every worker's replica loads);
 6. metrics (JSONL, TensorBoard, ...) and checkpoints; Ctrl-C / SIGTERM saves and stops cleanly.
+
+The rollout engine is the local `RolloutEngine` or, with ``rollout.backend=ray``, a `RayRolloutEngine`
+with the same API: the env (an id and keyword arguments, or a factory) and the retrieval wrapper
+(a `functools.partial`) are picklable, so Ray ships them to the workers.
 
 Example:
     >>> from rapo_agents.config import load_config
@@ -23,6 +28,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -35,7 +41,7 @@ from rapo_agents.batch import TrainBatch, build_batch
 from rapo_agents.checkpoint import CheckpointManager, GracefulInterrupt, rng_state, set_rng_state
 from rapo_agents.config import TrainConfig
 from rapo_agents.metrics import MetricsLogger, plot_curves, read_metrics
-from rapo_agents.rollout import RolloutConfig, RolloutEngine, derive_seed
+from rapo_agents.rollout import RolloutConfig, RolloutEngine, derive_seed, make_env_factory
 from rapo_agents.sampler import QuestionSampler
 from rapo_agents.update import UpdateSettings, ppo_update, recompute_logprobs
 from rapo_env.trajectory import Trajectory, write_jsonl
@@ -91,9 +97,13 @@ class RAPOTrainer:
     Args:
         config: the run's settings.
         model, tokenizer: a model to train instead of loading ``config.model`` (tests, notebooks).
-        policy: the rollout policy; default an `HFPolicy` sharing ``model`` (or a `VLLMPolicy` for ``backend: vllm``).
-        env_factory: builds the (unwrapped) env; default ``gym.make(config.data.env_id, ...)``.
-        retriever: the step-trace retriever; default resolves ``config.retrieval.retriever``.
+        policy: the rollout policy; default an `HFPolicy` sharing ``model`` (or a `VLLMPolicy` for ``policy: vllm``).
+            With ``rollout.backend=ray`` anything `RayRolloutEngine` takes (a picklable policy, a factory, a
+            `PolicyActor` handle); default a replica of the model in every worker (or one shared actor).
+        env_factory: builds the (unwrapped) env; default ``gym.make(config.data.env_id, ...)``. With Ray it
+            must pickle (cloudpickle: closures are fine, not a trainer's bound method).
+        retriever: the step-trace retriever; default resolves ``config.retrieval.retriever``. With Ray it must
+            pickle; the default in-process buffer is served to the workers by Ray Serve instead.
     """
 
     def __init__(
@@ -127,23 +137,21 @@ class RAPOTrainer:
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(), lr=optim.lr, betas=optim.betas, weight_decay=optim.weight_decay
         )
-        self.policy = policy if policy is not None else self._make_policy()
-        self._env_factory = env_factory or self._default_env_factory
+        self.on_ray = config.rollout.backend == "ray"
+        if self.on_ray:
+            _init_ray(config.ray.address)
+            self.policy = policy if policy is not None else self._ray_policy_spec()
+        else:
+            self.policy = policy if policy is not None else self._make_policy()
+        # An env id with its keyword arguments (or the caller's factory): Ray ships them to its workers.
+        self._env = env_factory if env_factory is not None else config.data.env_id
+        self._env_kwargs = None if env_factory is not None else training_env_kwargs(config)
+        self._env_factory = make_env_factory(self._env, self._env_kwargs)
         self.retriever = None
         if config.retrieval.enabled:
             self.retriever = retriever if retriever is not None else self._default_retriever()
         self.num_tasks = self._count_tasks()
-        rollout = config.rollout
-        self.engine = RolloutEngine(
-            self._env_factory,
-            self.policy,
-            RolloutConfig(
-                group_size=rollout.rollout_n, max_prompt_tokens=rollout.max_prompt_tokens,
-                max_response_tokens=rollout.max_response_tokens, max_turn_tokens=rollout.max_turn_tokens,
-                temperature=rollout.temperature, top_p=rollout.top_p, seed=config.seed,
-            ),
-            wrappers=[self.wrap_env] if self.retriever is not None else [],
-        )
+        self._engine = None
         self.sampler = QuestionSampler(self.num_tasks, optim.train_batch_size, config.seed, config.data.shuffle)
         self.step = 0
         self.warmup_done = config.warmup.sft_steps == 0
@@ -160,7 +168,7 @@ class RAPOTrainer:
     # ---- construction ------------------------------------------------------------------------
 
     def _make_policy(self):
-        if self.config.rollout.backend == "vllm":
+        if self.config.rollout.policy == "vllm":
             from rapo_agents.policies.vllm import VLLMPolicy
 
             rollout = self.config.rollout
@@ -172,52 +180,60 @@ class RAPOTrainer:
 
         return HFPolicy(self.model, self.tokenizer)
 
-    def _default_env_factory(self) -> gym.Env:
-        import rapo_env  # noqa: F401  (registers the envs)
+    def _ray_policy_spec(self):
+        """What the Ray workers generate with: a replica of the model each, or one shared `PolicyActor`."""
+        import ray
 
-        data = self.config.data
-        kwargs: dict[str, Any] = {"max_tool_calls": self.config.rollout.max_tool_calls}
-        if data.source == "procedural_math":
-            kwargs.update(dataset="procedural", num_tasks=data.num_tasks, difficulty=data.difficulty)
+        from rapo_agents.integrations.ray_rollout import PolicyActor, hf_replica
+
+        config = self.config
+        if config.rollout.policy == "vllm":
+            from rapo_agents.policies.vllm import VLLMPolicy
+
+            rollout = config.rollout
+            factory = functools.partial(
+                VLLMPolicy.from_pretrained, config.model.path, gpu_memory_utilization=rollout.gpu_memory_utilization,
+                max_model_len=rollout.max_prompt_tokens + rollout.max_response_tokens, seed=config.seed)
         else:
-            kwargs.update(dataset=data.source, limit=data.max_tasks)
-        kwargs.update(data.env_kwargs)
-        return gym.make(data.env_id, disable_env_checker=True, **kwargs)
+            dtype = next(self.model.parameters()).dtype
+            factory = functools.partial(hf_replica, self.model.config, self.tokenizer, dtype)
+        if config.ray.policy_placement == "workers":
+            return factory
+        return ray.remote(PolicyActor).options(num_cpus=0, num_gpus=config.ray.policy_actor_gpus).remote(factory)
 
     def _default_retriever(self):
-        spec = self.config.retrieval.retriever
-        if spec == "default" and self.config.data.source == "procedural_math":
-            # The expert solves the very questions the policy trains on, as the paper's buffer does.
-            from rapo_buffers.defaults import DefaultBufferConfig, default_retriever
+        if self.on_ray and not self.config.retrieval.retriever.startswith(("http://", "https://")):
+            # An in-process buffer (model and FAISS index) does not pickle: Ray Serve runs it, the workers
+            # reach it by URL like a `rapo buffer serve` server.
+            from rapo_agents.integrations.ray_rollout import serve_retrieval
 
-            buffer = DefaultBufferConfig(num_tasks=self.config.data.num_tasks, difficulty=self.config.data.difficulty,
-                                         max_tool_calls=self.config.rollout.max_tool_calls, index_kind="flat")
-            return default_retriever(buffer, show_progress=self.config.logging.progress)
-        if spec.endswith(".jsonl"):
-            from rapo_buffers.retriever import InProcessRetriever
+            return serve_retrieval(retriever_factory(self.config), http_port=_free_port())
+        return retriever_factory(self.config)()
 
-            return InProcessRetriever.from_files(spec, self.config.retrieval.index_path)
-        from rapo_buffers.defaults import resolve_retriever
+    @property
+    def engine(self):
+        """The rollout engine, started on first use (again after `close`): local, or Ray workers holding the
+        current weights."""
+        if self._engine is None:
+            config, rollout = self.config, self.config.rollout
+            settings = RolloutConfig(
+                group_size=rollout.rollout_n, max_prompt_tokens=rollout.max_prompt_tokens,
+                max_response_tokens=rollout.max_response_tokens, max_turn_tokens=rollout.max_turn_tokens,
+                temperature=rollout.temperature, top_p=rollout.top_p, seed=config.seed, arpo=config.arpo,
+            )
+            wrappers = [retrieval_wrapper(config, self.retriever)] if self.retriever is not None else []
+            if self.on_ray:
+                from rapo_agents.integrations.ray_rollout import RayRolloutEngine
 
-        return resolve_retriever(spec)
-
-    def wrap_env(self, env: gym.Env) -> gym.Env:
-        """Wrap a training env for hybrid rollouts (spec §4): rollouts ``>= no_retrieve_first_k`` of a group
-        retrieve."""
-        from rapo_env.wrappers.retrieval import StepTraceRetrievalWrapper
-
-        retrieval = self.config.retrieval
-        return StepTraceRetrievalWrapper(
-            env,
-            self.retriever,
-            retrieve_prob=retrieval.retrieve_prob,
-            topk=retrieval.topk,
-            select=self.config.select_rule,
-            no_retrieve_first_k=retrieval.no_retrieve_first_k,
-            group_size=self.config.rollout.rollout_n,
-            hybrid_rule=self.config.algorithm.hybrid_rule,
-            seed=self.config.seed,
-        )
+                ray_config = config.ray
+                self._engine = RayRolloutEngine(
+                    self._env, self.policy, settings, self._env_kwargs, wrappers, num_workers=ray_config.num_workers,
+                    worker_options={"num_cpus": ray_config.num_cpus_per_worker,
+                                    "num_gpus": ray_config.num_gpus_per_worker})
+                self._engine.sync_weights(self.model)  # replicas start untrained
+            else:
+                self._engine = RolloutEngine(self._env, self.policy, settings, self._env_kwargs, wrappers)
+        return self._engine
 
     def _count_tasks(self) -> int:
         env = self._env_factory()
@@ -270,7 +286,7 @@ class RAPOTrainer:
         engine_stats = self.engine.stats
         batch = build_batch(trajectories, self._pad_token_id(), config.algorithm)
         # vLLM sleeps (weights offloaded, KV cache freed) while the trainer uses the GPU.
-        shares_gpu = config.rollout.backend == "vllm" and hasattr(self.policy, "sleep")
+        shares_gpu = not self.on_ray and config.rollout.policy == "vllm" and hasattr(self.policy, "sleep")
         if shares_gpu:
             self.policy.sleep()
         algorithm = config.algorithm
@@ -306,15 +322,17 @@ class RAPOTrainer:
             "time/sync_s": sync_seconds,
             "time/step_s": time.perf_counter() - started,
             "throughput/generate_tokens_per_s": engine_stats.generated_tokens / max(engine_stats.generate_s, 1e-9),
+            "throughput/episodes_per_s": len(trajectories) / max(rollout_seconds, 1e-9),
+            "rollout/branches": float(engine_stats.branches),
+            "rollout/refills": float(engine_stats.refills),
             "data/epoch": float(self.sampler.epoch),
         })
         return metrics
 
     def sync_policy(self) -> None:
         """Bring the rollout policy up to date with the trained weights (free when it shares the module)."""
-        sync = getattr(self.policy, "sync_weights", None)
-        if sync is not None:
-            sync(self.model)
+        if self._engine is not None or not self.on_ray:  # Ray workers not started yet get them when they start
+            self.engine.sync_weights(self.model)
 
     def _pad_token_id(self) -> int:
         pad = self.tokenizer.pad_token_id
@@ -359,10 +377,21 @@ class RAPOTrainer:
         return True
 
     def close(self) -> None:
-        """Release the rollout envs and their tool workers (they are recreated if training goes on)."""
-        self.engine.close()
+        """Release the rollout envs and their tool workers, or the Ray workers (restarted if training goes on)."""
+        if self._engine is not None:
+            self._engine.close()
+            if self.on_ray:
+                self._engine = None
 
     # ---- the loop ---------------------------------------------------------------------------------
+
+    @property
+    def method(self) -> str:
+        """What the run trains with, for titles: RAPO, GRPO, ARPO (GRPO with branching rollouts) or RAPO+ARPO."""
+        branching = self.config.arpo.enabled(self.config.rollout.rollout_n)
+        if self.retriever is not None:
+            return "RAPO+ARPO" if branching else "RAPO"
+        return "ARPO" if branching else "GRPO"
 
     @property
     def total_steps(self) -> int:
@@ -410,10 +439,68 @@ class RAPOTrainer:
         history = [record for record in read_metrics(self.output_dir / "metrics.jsonl") if record["step"] > 0]
         plot = None
         if logging_config.plot and history:
-            label = "GRPO" if self.retriever is None else "RAPO"
-            plot = plot_curves({label: history}, self.output_dir / "curves.png", title=str(self.output_dir))
+            plot = plot_curves({self.method: history}, self.output_dir / "curves.png", title=str(self.output_dir))
         return TrainResult(steps=self.step, history=history, output_dir=self.output_dir, checkpoint=checkpoint,
                            plot=plot, interrupted=interrupted)
+
+
+def training_env_kwargs(config: TrainConfig) -> dict[str, Any]:
+    """``gym.make`` keyword arguments of ``config.data.env_id`` for the training questions."""
+    data = config.data
+    kwargs: dict[str, Any] = {"max_tool_calls": config.rollout.max_tool_calls}
+    if data.source == "procedural_math":
+        kwargs.update(dataset="procedural", num_tasks=data.num_tasks, difficulty=data.difficulty)
+    else:
+        kwargs.update(dataset=data.source, limit=data.max_tasks)
+    kwargs.update(data.env_kwargs)
+    return kwargs
+
+
+def retriever_factory(config: TrainConfig) -> Callable[[], Any]:
+    """A picklable factory of the step-trace retriever ``config.retrieval.retriever`` names."""
+    from rapo_buffers.defaults import resolve_retriever
+
+    spec = config.retrieval.retriever
+    if spec == "default" and config.data.source == "procedural_math":
+        # The expert solves the very questions the policy trains on, as the paper's buffer does.
+        from rapo_buffers.defaults import DefaultBufferConfig, default_retriever
+
+        buffer = DefaultBufferConfig(num_tasks=config.data.num_tasks, difficulty=config.data.difficulty,
+                                     max_tool_calls=config.rollout.max_tool_calls, index_kind="flat")
+        return functools.partial(default_retriever, buffer, show_progress=config.logging.progress)
+    if spec.endswith(".jsonl"):
+        from rapo_buffers.retriever import InProcessRetriever
+
+        return functools.partial(InProcessRetriever.from_files, spec, config.retrieval.index_path)
+    return functools.partial(resolve_retriever, spec)
+
+
+def retrieval_wrapper(config: TrainConfig, retriever: Any) -> Callable[[gym.Env], gym.Env]:
+    """The (picklable) wrapper of hybrid rollouts (spec §4): rollouts ``>= no_retrieve_first_k`` of a group
+    retrieve from ``retriever`` (a `Retriever` or a service URL)."""
+    from rapo_env.wrappers.retrieval import StepTraceRetrievalWrapper
+
+    retrieval = config.retrieval
+    return functools.partial(
+        StepTraceRetrievalWrapper, retriever=retriever, retrieve_prob=retrieval.retrieve_prob, topk=retrieval.topk,
+        select=config.select_rule, no_retrieve_first_k=retrieval.no_retrieve_first_k,
+        group_size=config.rollout.rollout_n, hybrid_rule=config.algorithm.hybrid_rule, seed=config.seed)
+
+
+def _init_ray(address: str | None) -> None:
+    """Join ``address``, or use the cluster this process already started, or start a local one."""
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(address=address, include_dashboard=False)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
 
 
 def rollout_metrics(trajectories: Sequence[Trajectory], batch: TrainBatch) -> dict[str, float]:

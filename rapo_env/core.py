@@ -17,6 +17,9 @@ Example:
     >>> obs
     ' <result>\\n42\\n</result>'
     >>> env.close()
+
+`copy_episode` branches an episode in progress into another env of the same construction (ARPO-style
+rollouts): the target is reset on the same task, then takes over the source's transcript and counters.
 """
 
 from __future__ import annotations
@@ -182,6 +185,21 @@ class ToolEnv(gym.Env[str, str]):
                     tool_truncated=result.truncated)
         return format_result(result.text), False
 
+    def copy_episode_from(self, source: ToolEnv) -> None:
+        """Take over ``source``'s episode in progress: its transcript, tool-call and turn counters.
+
+        Call it right after resetting this env on the same task (see `copy_episode`). Copying the text
+        state is enough because the tools keep nothing between calls (every python call runs in a fresh
+        sandbox process, searches and page fetches are single requests), and this env keeps its own tools.
+
+        Raises:
+            ValueError: when the two envs are not on the same question.
+        """
+        if self.task is None or source.task is None or self.task.id != source.task.id:
+            raise ValueError("copy_episode_from needs this env reset on the source's task")
+        self.transcript, self.tool_calls, self.turn, self._done = (
+            source.transcript, source.tool_calls, source.turn, source._done)
+
     def render(self) -> str | None:
         """The transcript so far, for ``render_mode="ansi"``."""
         return self.transcript if self.render_mode == "ansi" else None
@@ -191,3 +209,39 @@ class ToolEnv(gym.Env[str, str]):
         for tool in self.tools.values():
             tool.close()
         super().close()
+
+
+def copy_episode(source: gym.Env, target: gym.Env) -> None:
+    """Continue ``source``'s episode in ``target``: layer by layer, each that defines ``copy_episode_from``
+    takes over the source layer's per-episode state.
+
+    ``target`` must be built like ``source`` (the same wrappers around the same env class) and reset on
+    the same task; what its reset set up for itself (e.g. a wrapper's random generator) stays its own.
+    Layers without ``copy_episode_from`` (``OrderEnforcing``, the token-id wrappers) keep no per-step
+    state; a wrapper that does (a step counter, a history) needs the method to be branched correctly.
+
+    Example:
+        >>> import gymnasium as gym, rapo_env
+        >>> make = lambda: gym.make("RAPO-Math-v0", num_tasks=2, sandbox="subprocess")
+        >>> source, target = make(), make()
+        >>> _ = source.reset(options={"task_index": 1})
+        >>> _ = source.step("<python>print(1)</python>")
+        >>> _ = target.reset(options={"task_index": 1})
+        >>> copy_episode(source, target)
+        >>> target.unwrapped.transcript == source.unwrapped.transcript, target.unwrapped.tool_calls
+        (True, 1)
+        >>> source.close(); target.close()
+
+    Raises:
+        TypeError: when the two wrapper stacks differ.
+    """
+    while True:
+        if type(source) is not type(target):
+            raise TypeError(f"cannot copy an episode of {type(source).__name__} into {type(target).__name__}: "
+                            "the envs must be built the same way")
+        copy_from = getattr(type(target), "copy_episode_from", None)
+        if copy_from is not None:
+            copy_from(target, source)
+        if not isinstance(target, gym.Wrapper):
+            return
+        source, target = source.env, target.env

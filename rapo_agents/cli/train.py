@@ -6,6 +6,8 @@ on CPU. Examples::
 
     rapo train
     rapo train retrieval.enabled=false logging.output_dir=runs/grpo      # GRPO
+    rapo train --config configs/arpo.yaml                                # ARPO-style branching rollouts
+    rapo train rollout.backend=ray ray.num_workers=2                     # rollouts on Ray workers
     rapo train --config configs/rapo_7b_reasoning.yaml                   # the 7B recipe, on a GPU
 """
 
@@ -23,6 +25,7 @@ SUMMARY_KEYS = (
     ("response_tokens/mean", "response tokens"),
     ("retrieval/count_mean", "retrievals / rollout"),
     ("retrieval/z_ret_mean", "Z_ret (hybrid)"),
+    ("rollout/branches", "ARPO branches / step"),
     ("loss/clip_fraction", "clip fraction"),
     ("optim/grad_norm", "grad norm"),
     ("time/step_s", "seconds / step"),
@@ -79,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
     from rapo_agents.trainer import RAPOTrainer
 
     trainer = RAPOTrainer(config)
-    mode = "RAPO" if trainer.retriever is not None else "GRPO"
+    mode = trainer.method
     console.print(f"{mode}: {trainer.total_steps} steps of {config.optim.train_batch_size} questions x "
                   f"{config.rollout.rollout_n} rollouts on {trainer.device}; run folder {trainer.output_dir}")
     result = trainer.train()

@@ -8,6 +8,10 @@
 - `RayRolloutEngine.run` deals the questions round-robin to the workers and gathers their
   trajectories back in the order of the local engine. Seeds derive from (run seed, question,
   rollout index, turn), so the same seeds give the same trajectories whichever worker ran them;
+- `RayRolloutEngine.sync_weights` pushes a trainer's weights (one copy in the object store) to the
+  `PolicyActor` or to every worker's own replica, as `RolloutEngine.sync_weights` does locally;
+  `hf_replica` builds such a replica (the architecture only; the first sync brings the weights).
+  ``rapo train rollout.backend=ray`` wires it all (`rapo_agents.trainer`);
 - `serve_retrieval` runs the step-trace ``/retrieve`` service as a Ray Serve deployment; envs
   reach it by URL exactly like a plain ``rapo buffer serve`` server.
 
@@ -25,11 +29,12 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import gymnasium as gym
 import ray
+import torch
 
 from rapo_agents.policies.base import Generation, Policy, SamplingParams
 from rapo_agents.rollout import RolloutConfig, RolloutEngine, RolloutStats
@@ -62,6 +67,33 @@ class PolicyActor:
 
     def vocab_size(self) -> int:
         return int(getattr(self.policy, "vocab_size", None) or len(self.policy.tokenizer))
+
+    def sync_weights(self, state: Mapping[str, torch.Tensor]) -> bool:
+        return _sync(self.policy, state)
+
+
+def _sync(policy: Any, state: Mapping[str, torch.Tensor]) -> bool:
+    """Load ``state`` into ``policy`` when it keeps weights; whether it did."""
+    sync = getattr(policy, "sync_weights", None)
+    return bool(sync(state)) if sync is not None else False
+
+
+def hf_replica(model_config: Any, tokenizer: Any, dtype: torch.dtype = torch.float32, device: str = "auto"):
+    """An `HFPolicy` of ``model_config``'s architecture with untrained weights, built inside a Ray worker (on
+    its GPU when it has one); the trainer's first weight sync makes it the trained model.
+
+    Example (a picklable factory for `RayRolloutEngine`):
+        >>> factory = functools.partial(hf_replica, model.config, tokenizer)   # doctest: +SKIP
+        >>> engine = RayRolloutEngine("RAPO-Math-v0", factory, num_workers=2)    # doctest: +SKIP
+        >>> engine.sync_weights(model)                                           # doctest: +SKIP
+        True
+    """
+    from transformers import AutoModelForCausalLM
+
+    from rapo_agents.policies.hf import HFPolicy, resolve_device
+
+    model = AutoModelForCausalLM.from_config(model_config, dtype=dtype)
+    return HFPolicy(model.to(resolve_device(device)).eval(), tokenizer)
 
 
 class RemotePolicy:
@@ -117,6 +149,9 @@ class RolloutWorker:
         trajectories = self.engine.run(task_indices, group_size=group_size, seed=seed)
         return trajectories, dataclasses.asdict(self.engine.stats)
 
+    def sync_weights(self, state: Mapping[str, torch.Tensor]) -> bool:
+        return self.engine.sync_weights(state)
+
     def close(self) -> None:
         self.engine.close()
 
@@ -147,6 +182,7 @@ class RayRolloutEngine:
         if not ray.is_initialized():
             raise RuntimeError("RayRolloutEngine needs a Ray cluster: call ray.init(...) first")
         self.config = config or RolloutConfig()
+        self.policy_actor = policy if isinstance(policy, ray.actor.ActorHandle) else None
         options = {"num_cpus": 1, **(worker_options or {})}
         actor = ray.remote(RolloutWorker).options(**options)
         self.workers = [actor.remote(env, policy, self.config, env_kwargs, list(wrappers)) for _ in range(num_workers)]
@@ -193,6 +229,15 @@ class RayRolloutEngine:
         totals.wall_s = time.perf_counter() - started
         self.stats = totals
         return [trajectory for group in range(len(tasks)) for trajectory in by_group[group]]
+
+    def sync_weights(self, source: torch.nn.Module | Mapping[str, torch.Tensor]) -> bool:
+        """Push ``source``'s weights to the shared `PolicyActor`, else to every worker's policy, and wait until
+        they hold them; whether any policy took them (a scripted or HTTP policy keeps no weights)."""
+        state = source.state_dict() if isinstance(source, torch.nn.Module) else source
+        # One copy in the object store, whichever number of workers reads it.
+        state_ref = ray.put({name: tensor.detach().cpu() for name, tensor in state.items()})
+        targets = [self.policy_actor] if self.policy_actor is not None else self.workers
+        return any(ray.get([target.sync_weights.remote(state_ref) for target in targets]))
 
     def close(self) -> None:
         """Close every worker's envs and end the actors."""

@@ -19,6 +19,11 @@ info plus ``token_span``), and in ``extra``: ``task_index``, ``group_index``,
 ``end_reason`` is the env's (``answer``, ``tool_limit``, ``turn_limit``), ``length`` when
 the response token budget ran out, or ``policy_error``.
 
+With ``config.arpo.initial_rollouts`` set, groups grow by ARPO's entropy-based branching
+(`rapo_agents.rollout.branching`): a branch continues a copy of its parent's env (`rapo_env.core.copy_episode`)
+and token record from a tool result; its trajectory holds the whole shared prefix and says in ``extra``
+``branch_parent`` (the parent's rollout index) and ``branch_prefix_tokens`` (tokens shared with it).
+
 Example:
     >>> import gymnasium as gym, rapo_env
     >>> from rapo_agents.policies import ScriptedPolicy
@@ -35,6 +40,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import dataclasses
+import random
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -42,8 +48,11 @@ from typing import Any
 import gymnasium as gym
 
 from rapo_agents.policies.base import Generation, Policy, SamplingParams
+from rapo_agents.rollout.branching import ARPOConfig, branch_count, initial_reserves, split_reserve
+from rapo_agents.rollout.entropy import turn_entropy
 from rapo_agents.rollout.episode import EpisodeRecord
 from rapo_agents.scripted import split_spliced_text
+from rapo_env.core import copy_episode
 from rapo_env.protocol import closing_tags
 from rapo_env.trajectory import Trajectory
 
@@ -87,6 +96,8 @@ class RolloutConfig:
     not held up by slow tools."""
     show_progress: bool = False
     """Show a tqdm bar of finished episodes."""
+    arpo: ARPOConfig = dataclasses.field(default_factory=ARPOConfig)
+    """ARPO-style entropy-based branching of the groups (off by default)."""
 
     def __post_init__(self) -> None:
         for name in ("group_size", "max_prompt_tokens", "max_response_tokens", "max_concurrent_episodes",
@@ -114,6 +125,10 @@ class RolloutStats:
     generate_calls: int = 0
     generated_tokens: int = 0
     tool_calls: int = 0
+    branches: int = 0
+    """ARPO: rollouts that branched off another one after a tool result."""
+    refills: int = 0
+    """ARPO: rollouts started from the prompt because a rollout ended before its share of the group was used."""
 
     @property
     def generation_share(self) -> float:
@@ -185,6 +200,12 @@ class _Episode:
     end_reason: str | None = None
     finish_reasons: list[str] = dataclasses.field(default_factory=list)
     error: str | None = None
+    reserve: list[int] = dataclasses.field(default_factory=list)
+    """ARPO: the group's slots this rollout may fill with branches (or, when it ends, with fresh rollouts)."""
+    initial_entropy: float | None = None
+    """ARPO: H_initial, the entropy of the rollout's first turn (a branch keeps its parent's)."""
+    branch_parent: int | None = None
+    branch_prefix_tokens: int | None = None
 
 
 class RolloutEngine:
@@ -238,8 +259,14 @@ class RolloutEngine:
         """
         group_size = group_size or self.config.group_size
         seed = self.config.seed if seed is None else seed
-        episodes = [_Episode(int(q), i, g) for g, q in enumerate(task_indices) for i in range(group_size)]
-        self.stats = stats = RolloutStats(episodes=len(episodes))
+        arpo = self.config.arpo
+        if arpo.enabled(group_size):
+            reserves = initial_reserves(group_size, arpo.initial_rollouts)
+            episodes = [_Episode(int(q), i, g, reserve=list(reserve))
+                        for g, q in enumerate(task_indices) for i, reserve in enumerate(reserves)]
+        else:
+            episodes = [_Episode(int(q), i, g) for g, q in enumerate(task_indices) for i in range(group_size)]
+        self.stats = stats = RolloutStats(episodes=len(task_indices) * group_size)
         started = time.perf_counter()
         pending = list(reversed(episodes))
         ready: list[_Episode] = []
@@ -252,6 +279,12 @@ class RolloutEngine:
             progress.update(1)
             if on_trajectory is not None:
                 on_trajectory(self._to_trajectory(episode))
+            if episode.reserve:  # ARPO: the slots it did not branch into start afresh from the prompt
+                refill = _Episode(episode.task_index, episode.reserve[0], episode.group_index,
+                                  reserve=episode.reserve[1:])
+                episodes.append(refill)
+                pending.append(refill)
+                stats.refills += 1
 
         try:
             while pending or ready or stepping:
@@ -279,6 +312,9 @@ class RolloutEngine:
                 if ready and (self.config.overlap or not stepping):
                     batch, ready = ready, []
                     for episode, generation in zip(batch, self._generate(batch, seed), strict=True):
+                        branches = self._branch(episode, generation, seed)
+                        episodes.extend(branches)
+                        ready.extend(branches)
                         if self._after_generation(episode, generation):
                             finish(episode)
                         else:
@@ -288,7 +324,14 @@ class RolloutEngine:
             for future in stepping:
                 future.cancel()
             stats.wall_s = time.perf_counter() - started
+        episodes.sort(key=lambda episode: (episode.group_index, episode.rollout_index))
         return [self._to_trajectory(episode) for episode in episodes]
+
+    def sync_weights(self, source: Any) -> bool:
+        """Bring the policy up to date with ``source`` (a module or a state dict); False when it has nothing to
+        sync (it shares the trainer's module, or keeps no weights)."""
+        sync = getattr(self.policy, "sync_weights", None)
+        return bool(sync(source)) if sync is not None else False
 
     @property
     def tasks(self) -> Sequence[Any]:
@@ -337,7 +380,8 @@ class RolloutEngine:
             self._free_envs.append(episode.env)
             episode.env = None
 
-    def _start(self, episode: _Episode, seed: int) -> None:
+    def _start(self, episode: _Episode, seed: int, parent: _Episode | None = None) -> None:
+        """Reset a pooled env for ``episode``; a branch then continues its ``parent``'s episode and token record."""
         episode.env = env = self._acquire_env()
         prompt, info = env.reset(
             seed=derive_seed(seed, episode.task_index, episode.rollout_index),
@@ -348,10 +392,48 @@ class RolloutEngine:
         episode.question = getattr(task, "question", prompt)
         episode.stop = self.config.stop if self.config.stop is not None else tuple(
             closing_tags(info.get("tools", ())))
+        if parent is not None:
+            copy_episode(parent.env, env)
+            episode.record = parent.record.fork()
+            episode.turn, episode.reward, episode.num_tool_calls = parent.turn, parent.reward, parent.num_tool_calls
+            episode.finish_reasons = list(parent.finish_reasons)
+            episode.initial_entropy = parent.initial_entropy
+            episode.branch_parent, episode.branch_prefix_tokens = parent.rollout_index, len(parent.record.token_ids)
+            return
         episode.record = EpisodeRecord.start(
             self.tokenizer, info.get("system_prompt", ""), prompt,
             self.config.max_prompt_tokens, self.config.max_response_tokens,
         )
+
+    def _branch(self, episode: _Episode, generation: Generation, seed: int) -> list[_Episode]:
+        """ARPO: measure the turn just generated; after a tool result, branch the rollout as its entropy says.
+
+        The branches continue from the tool result (before this turn), each sampling the turn afresh.
+        """
+        if generation.finish_reason == "error" or self.config.arpo.initial_rollouts is None:
+            return []
+        arpo = self.config.arpo
+        entropy = turn_entropy(generation.top_logprobs, generation.entropies if generation.entropy_kind == "full"
+                               else None, self.vocab_size, arpo.entropy_tokens)
+        if not episode.record.steps:  # the first turn: H_initial
+            episode.initial_entropy = entropy
+            return []
+        if not episode.reserve or episode.record.steps[-1].tool is None:
+            return []
+        delta_h = 0.0 if entropy is None or episode.initial_entropy is None else entropy - episode.initial_entropy
+        draws = random.Random(derive_seed(seed, episode.task_index, episode.rollout_index, episode.turn, _BRANCH))
+        count = branch_count(delta_h, [draws.random() for _ in range(arpo.beam_size - 1)], arpo.entropy_weight,
+                             arpo.branch_probability)
+        if not count:
+            return []
+        episode.reserve, children = split_reserve(episode.reserve, count)
+        branches = []
+        for rollout_index, reserve in children:
+            branch = _Episode(episode.task_index, rollout_index, episode.group_index, reserve=reserve)
+            self._start(branch, seed, parent=episode)
+            branches.append(branch)
+        self.stats.branches += len(branches)
+        return branches
 
     def _batch_wait(self) -> float:
         if self.config.batch_wait_s is not None:
@@ -459,8 +541,14 @@ class RolloutEngine:
                 "prompt_truncated": record.prompt_truncated if record else False,
                 "finish_reasons": list(episode.finish_reasons),
                 **({"error": episode.error} if episode.error else {}),
+                **({"branch_parent": episode.branch_parent, "branch_prefix_tokens": episode.branch_prefix_tokens}
+                   if episode.branch_parent is not None else {}),
             },
         )
+
+
+_BRANCH = 0xB4A2C
+"""Mixed into the seed of ARPO's branching draws, apart from the sampling seeds of the same turn."""
 
 
 def _progress(total: int, enabled: bool):

@@ -20,6 +20,7 @@ Example:
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from typing import Any
 
@@ -89,6 +90,15 @@ class EpisodeRecord:
         ids, truncated = fit_prompt(tokenizer, system_prompt, user_prompt, max_prompt_tokens)
         return cls(tokenizer=tokenizer, token_ids=ids, prompt_length=len(ids), max_response_tokens=max_response_tokens,
                    prompt_truncated=truncated, loss_mask=[0] * len(ids), logprobs=[0.0] * len(ids))
+
+    def fork(self) -> EpisodeRecord:
+        """An independent copy to continue a branched rollout: the prefix's tokens, masks, log-probs and steps
+        (the tokenizer is shared). The branch's trajectory holds the whole prefix, so its loss, old log-probs
+        and advantage are those of a full trajectory of the group."""
+        return dataclasses.replace(
+            self, token_ids=list(self.token_ids), loss_mask=list(self.loss_mask), logprobs=list(self.logprobs),
+            steps=[copy.deepcopy(step) for step in self.steps],
+            retrieval_token_spans=list(self.retrieval_token_spans))
 
     @property
     def response_tokens(self) -> int:

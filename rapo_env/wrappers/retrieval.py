@@ -232,6 +232,14 @@ class StepTraceRetrievalWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
             info["retrieval_error"] = error
         return observation, reward, terminated, truncated, info
 
+    def copy_episode_from(self, source: StepTraceRetrievalWrapper) -> None:
+        """Take over ``source``'s episode in progress (its context and counts), for `rapo_env.core.copy_episode`.
+
+        Whether this rollout is hybrid and its random draws stay those of this wrapper's own reset, so a
+        branched rollout retrieves as its own rollout index says, with draws of its own.
+        """
+        self._context, self._errors, self._retrievals = source._context, source._errors, source._retrievals
+
     def _retrieve(self, query: str, observation: str) -> tuple[dict[str, Any] | None, str | None]:
         """Query the retriever and build the splice; (None, error text) when the retriever failed."""
         fetch = self.topk if self.allow_final_steps else 2 * self.topk  # room for dropped final steps

@@ -90,8 +90,8 @@ def test_every_leaf_is_reachable_and_documented():
 
     source = inspect.getsource(config_module)
     for path in paths:
-        if path.startswith("algorithm."):
-            continue  # documented in rapo_agents.rapo.RAPOConfig
+        if path.startswith(("algorithm.", "arpo.")):
+            continue  # documented in rapo_agents.rapo.RAPOConfig and rapo_agents.rollout.branching.ARPOConfig
         name = path.rsplit(".", 1)[-1]
         assert f"    {name}:" in source
     assert parse_overrides(["seed=3"]) == {"seed": 3}
@@ -106,7 +106,29 @@ def test_shipped_configs_load():
     reference = load_config(root / "rapo_7b_reasoning.yaml")
     assert reference.rollout.rollout_n == 16 and reference.retrieval.no_retrieve_first_k == 8
     assert reference.optim.lr == 1e-6 and reference.optim.train_batch_size == 32
-    assert reference.optim.ppo_mini_batch_size == 16 and reference.rollout.backend == "vllm"
+    assert reference.optim.ppo_mini_batch_size == 16 and reference.rollout.policy == "vllm"
+    assert reference.rollout.backend == "local"
+    grpo = load_config(root / "grpo.yaml")
+    assert not grpo.retrieval.enabled and grpo.arpo.initial_rollouts is None
+    arpo = load_config(root / "arpo.yaml")
+    assert not arpo.retrieval.enabled and arpo.arpo.enabled(arpo.rollout.rollout_n)
+    assert (arpo.arpo.initial_rollouts, arpo.arpo.beam_size, arpo.arpo.branch_probability,
+            arpo.arpo.entropy_weight) == (2, 2, 0.5, 0.2)
+    on_policy = load_config(root / "on_policy.yaml")
+    assert on_policy.optim.ppo_mini_batch_size == on_policy.optim.train_batch_size and on_policy.optim.ppo_epochs == 1
+
+
+def test_rollout_backend_and_policy_knobs():
+    config = load_config(None, ["rollout.backend=ray", "policy=vllm", "num_workers=3", "initial_rollouts=2"])
+    assert (config.rollout.backend, config.rollout.policy, config.ray.num_workers) == ("ray", "vllm", 3)
+    assert config.arpo.initial_rollouts == 2
+    # rollout.backend used to name the model backend: the old values say what to write now.
+    with pytest.raises(ConfigError, match="write rollout.policy=vllm"):
+        load_config(None, ["rollout.backend=vllm"])
+    with pytest.raises(ConfigError, match="local or ray"):
+        load_config(None, ["rollout.backend=spark"])
+    with pytest.raises(ConfigError, match="exceeds the group size"):
+        load_config(None, ["rollout_n=4", "initial_rollouts=5"])
 
 
 def test_rapo_train_command_prints_config_and_rejects_bad_keys(capsys):

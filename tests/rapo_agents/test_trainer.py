@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 
 import pytest
@@ -302,3 +303,24 @@ def test_warm_up_runs_once_before_rl_and_is_skipped_on_resume(tmp_path, loop_par
     resumed.train()
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [0, 1, 2]  # no second warm-up
+
+
+def test_arpo_config_trains_with_full_branched_groups(tmp_path, loop_parts):
+    import json
+    from pathlib import Path
+
+    from rapo_agents.config import load_config
+
+    arpo = load_config(Path(__file__).resolve().parents[2] / "configs" / "arpo.yaml")
+    trainer = make_trainer(tmp_path, loop_parts, "total_steps=1", "logging.plot=false", "retrieval.enabled=false",
+                           *(f"arpo.{key}={value}" for key, value in dataclasses.asdict(arpo.arpo).items()))
+    assert trainer.method == "ARPO" and trainer.retriever is None
+    before = parameters(trainer.model)
+    metrics = trainer.train().history[0]
+    lines = [json.loads(line) for line in (tmp_path / "trajectories.jsonl").read_text().splitlines()]
+    # Two questions x rollout_n = 4, whatever the mix of branches and fresh rollouts.
+    assert sorted((t["extra"]["group_index"], t["rollout_index"]) for t in lines) == [
+        (g, i) for g in range(2) for i in range(4)]
+    assert metrics["rollout/branches"] + metrics["rollout/refills"] == 2 * 2
+    assert metrics["rollout/branches"] == sum("branch_parent" in t["extra"] for t in lines) > 0
+    assert metrics["optim/steps"] == 2 and not torch.equal(parameters(trainer.model), before)

@@ -103,3 +103,33 @@ def test_bad_settings_fail_clearly(ray_cluster):
         RayRolloutEngine("RAPO-Math-v0", ScriptedPolicy(TURNS), num_workers=0)
     with pytest.raises(ValueError, match="ray backend"):
         make_rollout_engine("local", "RAPO-Math-v0", ScriptedPolicy(TURNS), num_workers=2)
+
+
+def test_rapo_train_rolls_out_on_ray_workers_with_the_current_weights(ray_cluster, tiny_policy, tmp_path):
+    """``rollout.backend=ray`` is the only change: two workers generate with replicas of the trained model."""
+    import copy
+    import json
+
+    import torch
+
+    from rapo_agents.config import load_config
+    from rapo_agents.trainer import RAPOTrainer
+
+    config = load_config(None, [
+        "rollout.backend=ray", "ray.num_workers=2", "num_tasks=4", "train_batch_size=2", "ppo_mini_batch_size=2",
+        "rollout_n=2", "max_response_tokens=48", "max_turn_tokens=16", "lr=1e-2", "total_steps=2", "sft_steps=0",
+        # A random model earns no reward variance; the entropy term makes every step update the weights.
+        "entropy_coef=0.01", "retrieval.enabled=false", "env_kwargs={sandbox: subprocess, system_prompt: Use python.}",
+        "logging.progress=false", "logging.tensorboard=false", "logging.plot=false", f"output_dir={tmp_path}",
+    ])
+    trainer = RAPOTrainer(config, model=copy.deepcopy(tiny_policy.model), tokenizer=tiny_policy.tokenizer)
+    initial = torch.nn.utils.parameters_to_vector(trainer.model.parameters()).detach().clone()
+    result = trainer.train()
+    assert result.steps == 2 and trainer._engine is None  # the workers are released at the end
+    assert not torch.equal(torch.nn.utils.parameters_to_vector(trainer.model.parameters()), initial)
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [1, 2] and all(r["optim/steps"] == 1 for r in records)
+    # Step 2's rollouts came from the weights step 1 produced: the update's first ratio is 1 (no staleness).
+    assert all(abs(r["loss/approx_kl"]) < 1e-4 and r["loss/clip_fraction"] == 0.0 for r in records)
+    trajectories = [json.loads(line) for line in (tmp_path / "trajectories.jsonl").read_text().splitlines()]
+    assert len(trajectories) == 2 * 2 * 2 and {t["source"] for t in trajectories} == {"hf:LlamaForCausalLM"}
