@@ -324,3 +324,22 @@ def test_arpo_config_trains_with_full_branched_groups(tmp_path, loop_parts):
     assert metrics["rollout/branches"] + metrics["rollout/refills"] == 2 * 2
     assert metrics["rollout/branches"] == sum("branch_parent" in t["extra"] for t in lines) > 0
     assert metrics["optim/steps"] == 2 and not torch.equal(parameters(trainer.model), before)
+
+
+def test_rollout_parts_pickle_for_ray_workers(tmp_path, loop_parts):
+    """What a Ray worker needs to build its envs (an env id, its keyword arguments, the retrieval wrapper) pickles
+    with the standard library, without dragging the trainer (model, optimizer) along."""
+    import pickle
+
+    from rapo_agents.rollout import make_env_factory
+    from rapo_agents.trainer import retrieval_wrapper
+    from rapo_env.wrappers import StepTraceRetrievalWrapper
+
+    trainer = make_trainer(tmp_path, loop_parts, "logging.plot=false")
+    shipped = pickle.dumps((trainer._env, trainer._env_kwargs, retrieval_wrapper(trainer.config, trainer.retriever)))
+    assert len(shipped) < 10_000
+    env_id, env_kwargs, wrapper = pickle.loads(shipped)
+    env = wrapper(make_env_factory(env_id, env_kwargs)())
+    assert isinstance(env, StepTraceRetrievalWrapper) and env.no_retrieve_first_k == 2 and env.group_size == 4
+    assert len(env.unwrapped.tasks) == 4
+    env.close()

@@ -105,8 +105,10 @@ def test_bad_settings_fail_clearly(ray_cluster):
         make_rollout_engine("local", "RAPO-Math-v0", ScriptedPolicy(TURNS), num_workers=2)
 
 
-def test_rapo_train_rolls_out_on_ray_workers_with_the_current_weights(ray_cluster, tiny_policy, tmp_path):
-    """``rollout.backend=ray`` is the only change: two workers generate with replicas of the trained model."""
+@pytest.mark.parametrize("placement", ["workers", "actor"])
+def test_rapo_train_rolls_out_on_ray_workers_with_the_current_weights(ray_cluster, tiny_policy, tmp_path, placement):
+    """``rollout.backend=ray`` is the only change: two workers generate with replicas of the trained model
+    (or through one shared policy actor)."""
     import copy
     import json
 
@@ -116,7 +118,8 @@ def test_rapo_train_rolls_out_on_ray_workers_with_the_current_weights(ray_cluste
     from rapo_agents.trainer import RAPOTrainer
 
     config = load_config(None, [
-        "rollout.backend=ray", "ray.num_workers=2", "num_tasks=4", "train_batch_size=2", "ppo_mini_batch_size=2",
+        "rollout.backend=ray", "ray.num_workers=2", f"ray.policy_placement={placement}", "num_tasks=4",
+        "train_batch_size=2", "ppo_mini_batch_size=2",
         "rollout_n=2", "max_response_tokens=48", "max_turn_tokens=16", "lr=1e-2", "total_steps=2", "sft_steps=0",
         # A random model earns no reward variance; the entropy term makes every step update the weights.
         "entropy_coef=0.01", "retrieval.enabled=false", "env_kwargs={sandbox: subprocess, system_prompt: Use python.}",
@@ -132,4 +135,5 @@ def test_rapo_train_rolls_out_on_ray_workers_with_the_current_weights(ray_cluste
     # Step 2's rollouts came from the weights step 1 produced: the update's first ratio is 1 (no staleness).
     assert all(abs(r["loss/approx_kl"]) < 1e-4 and r["loss/clip_fraction"] == 0.0 for r in records)
     trajectories = [json.loads(line) for line in (tmp_path / "trajectories.jsonl").read_text().splitlines()]
-    assert len(trajectories) == 2 * 2 * 2 and {t["source"] for t in trajectories} == {"hf:LlamaForCausalLM"}
+    source = "hf:LlamaForCausalLM" if placement == "workers" else "RemotePolicy"
+    assert len(trajectories) == 2 * 2 * 2 and {t["source"] for t in trajectories} == {source}
