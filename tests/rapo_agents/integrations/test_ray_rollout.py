@@ -22,6 +22,7 @@ from rapo_agents.integrations.ray_rollout import (  # noqa: E402
 )
 from rapo_agents.policies import ScriptedPolicy  # noqa: E402
 from rapo_agents.rollout import RolloutConfig  # noqa: E402
+from rapo_agents.rollout.branching import ARPOConfig  # noqa: E402
 from rapo_buffers.candidates import Candidate, StaticRetriever  # noqa: E402
 from rapo_env.wrappers import StepTraceRetrievalWrapper  # noqa: E402
 
@@ -94,6 +95,20 @@ def test_ray_workers_reproduce_the_local_trajectories(retrieval_url, local_traje
     assert spliced and all(TRACE in step.retrieval["text"] for step in spliced)  # served by Ray Serve
     assert all(t.extra["retrieval_tokens"] == 0 for t in trajectories if t.rollout_index == 0)
     assert stats.episodes == 9 and stats.tool_calls == sum(t.num_tool_calls for t in trajectories)
+
+
+def test_ray_workers_reproduce_arpo_branched_groups(ray_cluster):
+    """Branching groups (every tool result branches: tau = 1) come back whole and as the local engine plays them."""
+    config = RolloutConfig(group_size=3, seed=2, arpo=ARPOConfig(initial_rollouts=1, branch_probability=1.0))
+    with make_rollout_engine("local", "RAPO-Math-v0", ScriptedPolicy(TURNS), config, ENV_KWARGS) as engine:
+        local = engine.run([1, 5, 2])
+    with make_rollout_engine("ray", "RAPO-Math-v0", ScriptedPolicy(TURNS), config, ENV_KWARGS,
+                             num_workers=2) as engine:
+        remote = engine.run([1, 5, 2])
+        stats = engine.stats
+    assert [comparable(t) for t in remote] == [comparable(t) for t in local]
+    assert [t.extra.get("branch_parent") for t in remote] == [None, 0, 0] * 3
+    assert stats.branches == 6 and stats.refills == 0 and stats.episodes == 9
 
 
 def test_bad_settings_fail_clearly(ray_cluster):
