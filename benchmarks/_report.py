@@ -22,7 +22,7 @@ def report(name: str, title: str, columns: list[str], rows: list[dict[str, Any]]
         table.add_column(column)
     for row in rows:
         table.add_row(*(f"{row[c]:.4g}" if isinstance(row.get(c), float) else str(row.get(c, "")) for c in columns))
-    Console().print(table)
+    Console(width=200).print(table)  # a log file is not a terminal: keep every column readable
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
     path = RESULTS_DIR / f"{name}.json"
     payload = {"benchmark": name, "time": time.strftime("%Y-%m-%dT%H:%M:%S"), "machine": platform.machine(),

@@ -87,3 +87,121 @@ def plot_modes(rows: list[dict], path: Path, title: str, modes: Sequence[str], l
     axis.legend()
     figure.tight_layout()
     figure.savefig(path, dpi=120)
+
+
+class KeepAliveConnection:
+    """One raw HTTP/1.1 keep-alive connection that POSTs JSON bodies (a load-test client that costs little CPU).
+
+    The load generator shares the machine's cores with the server under test: a general client (httpx
+    spends milliseconds of CPU per request with 64 connections) would cap both modes at the client's own
+    rate. This one writes prebuilt request bytes and reads ``Content-Length`` framed answers, nothing more.
+
+    Example:
+        >>> async def ask(url):
+        ...     connection = await KeepAliveConnection.open(url)
+        ...     status, body = await connection.post("/wikiSearch", b'{"queries": ["Oslo"]}')
+        ...     connection.close()
+        ...     return status
+    """
+
+    def __init__(self, host: str, reader, writer):
+        self.host = host
+        self.reader = reader
+        self.writer = writer
+
+    @classmethod
+    async def open(cls, url: str) -> KeepAliveConnection:
+        """Connect to ``http://host:port``."""
+        import asyncio
+        from urllib.parse import urlsplit
+
+        parts = urlsplit(url)
+        reader, writer = await asyncio.open_connection(parts.hostname, parts.port)
+        return cls(parts.netloc, reader, writer)
+
+    async def post(self, path: str, body: bytes) -> tuple[int, bytes]:
+        """POST ``body`` (JSON) to ``path``; returns (status, answer body)."""
+        return await self.request("POST", path, body)
+
+    async def request(self, method: str, path: str, body: bytes = b"") -> tuple[int, bytes]:
+        """Send one request and read its answer; returns (status, answer body)."""
+        head = (
+            f"{method} {path} HTTP/1.1\r\nHost: {self.host}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n"
+        )
+        self.writer.write(head.encode() + body)
+        header = await self.reader.readuntil(b"\r\n\r\n")
+        status = int(header[9:12])
+        length = 0
+        for line in header.split(b"\r\n"):
+            if line[:15].lower() == b"content-length:":
+                length = int(line[15:])
+        return status, await self.reader.readexactly(length)
+
+    def close(self) -> None:
+        """Close the socket."""
+        self.writer.close()
+
+
+def run_load_test(
+    url: str, route: str, bodies: Sequence[bytes], concurrency: int, duration_s: float, expected_hits: int
+) -> dict[str, float]:
+    """``concurrency`` clients, each on its own keep-alive connection, POST ``bodies`` back to back for ``duration_s``.
+
+    A request counts when it gets a 200 whose first result list has ``expected_hits`` entries; anything else is
+    a failure. Requests in flight at the deadline are awaited and counted over the whole elapsed time. The mean
+    batch size is the server's over the timed requests (its ``/health`` counters before and after). Runs on
+    uvloop, like the servers.
+    """
+    import uvloop
+
+    return uvloop.run(_load(url, route, bodies, concurrency, duration_s, expected_hits))
+
+
+async def _batches_so_far(connection: KeepAliveConnection) -> int:
+    import orjson
+
+    return orjson.loads((await connection.request("GET", "/health"))[1]).get("batches") or 0
+
+
+async def _load(
+    url: str, route: str, bodies: Sequence[bytes], concurrency: int, duration_s: float, expected_hits: int
+) -> dict[str, float]:
+    import asyncio
+
+    import numpy as np
+    import orjson
+
+    connections = [await KeepAliveConnection.open(url) for _ in range(concurrency)]
+    latencies: list[float] = []
+    failures = 0
+
+    async def client(connection: KeepAliveConnection, offset: int, deadline: float) -> None:
+        nonlocal failures
+        position = offset
+        while time.perf_counter() < deadline:
+            sent = time.perf_counter()
+            status, answer = await connection.post(route, bodies[position % len(bodies)])
+            position += concurrency
+            if status == 200 and len(orjson.loads(answer)["result"][0]) == expected_hits:
+                latencies.append(time.perf_counter() - sent)
+            else:
+                failures += 1
+
+    # One untimed request per connection: connection set-up and lazy server initialisation stay out of the numbers.
+    await asyncio.gather(*(c.post(route, bodies[i % len(bodies)]) for i, c in enumerate(connections)))
+    batches_before = await _batches_so_far(connections[0])
+    started = time.perf_counter()
+    await asyncio.gather(*(client(c, i, started + duration_s) for i, c in enumerate(connections)))
+    elapsed = time.perf_counter() - started
+    batches = await _batches_so_far(connections[0]) - batches_before
+    for connection in connections:
+        connection.close()
+    return {
+        "requests": len(latencies),
+        "failures": failures,
+        "qps": len(latencies) / elapsed,
+        "p50_ms": 1000 * float(np.percentile(latencies, 50)) if latencies else float("nan"),
+        "p99_ms": 1000 * float(np.percentile(latencies, 99)) if latencies else float("nan"),
+        "mean_batch": (len(latencies) + failures) / batches if batches else 1.0,
+    }

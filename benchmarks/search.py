@@ -7,9 +7,14 @@
 2. Throughput: ``scripts/search_server.py`` (a real uvicorn subprocess over the HNSW index)
    answers one-query requests from 1, 16 and 64 concurrent clients, with micro-batching and
    without it (``--no_batching``: one encode + one search per request, the baseline), same
-   model, same index, same run. Both servers run at once and take turns for ``--rounds``
-   rounds (a shared machine's load hits both alike); each setting reports its best round.
-   The recall@10 of the answers of each server is checked too.
+   model, same index, same HTTP stack, same run. Both servers run at once and take turns for
+   ``--rounds`` rounds (a shared machine's load hits both alike); each setting reports its best
+   round. The recall@10 of the answers of each server is checked too.
+
+   The load generator is `_servers.run_load_test`, the same for both servers: one raw HTTP/1.1
+   keep-alive connection per client on uvloop, request bodies encoded beforehand. It shares the
+   CPU with the servers, so it must cost little: httpx's client spent so much CPU at 64 connections
+   that it capped both servers near 40 queries/s and left the batcher with batches of 4.
 
 Run: ``python benchmarks/search.py [--quick]`` (needs ``../shared/data`` or ``RAPO_SHARED_DATA``).
 The MiniLM index is cached under ``$RAPO_CACHE_DIR`` (``~/.cache/rapo``) after the first run.
@@ -18,8 +23,8 @@ The MiniLM index is cached under ``$RAPO_CACHE_DIR`` (``~/.cache/rapo``) after t
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
+import json
 import os
 import sys
 import time
@@ -32,7 +37,7 @@ sys.path.insert(0, str(REPO_ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _report import RESULTS_DIR, report  # noqa: E402
-from _servers import free_port, plot_modes, script_command, script_server  # noqa: E402
+from _servers import free_port, plot_modes, run_load_test, script_command, script_server  # noqa: E402
 
 from rapo_env.tasks.hotpotqa import load_hotpotqa  # noqa: E402
 from rapo_tools.search.cache import cached_corpus_index  # noqa: E402
@@ -76,50 +81,19 @@ def search_server(index: Path, micro_batching: bool):
     return script_server(script_command("search_server.py", port, flags, switches), port)
 
 
-async def load_test(url: str, queries: list[str], concurrency: int, requests: int) -> dict[str, float]:
-    """``requests`` one-query requests, ``concurrency`` in flight at a time; client-side latency.
-
-    The mean batch size is the server's, over this run only (``/health`` counters before and after).
-    """
-    import httpx
-
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-    async with httpx.AsyncClient(base_url=url, timeout=300.0, limits=limits) as client:
-        await asyncio.gather(*(client.post("/wikiSearch", json={"queries": [q]}) for q in queries[:concurrency]))
-        before = (await client.get("/health")).json()
-        latencies: list[float] = []
-        failures = 0
-        next_request = 0
-
-        async def client_loop() -> None:
-            nonlocal next_request, failures
-            while next_request < requests:
-                query = queries[next_request % len(queries)]
-                next_request += 1
-                sent = time.perf_counter()
-                response = await client.post("/wikiSearch", json={"queries": [query], "topk": 3, "return_scores": True})
-                if response.status_code == 200 and len(response.json()["result"][0]) == 3:
-                    latencies.append(time.perf_counter() - sent)
-                else:
-                    failures += 1
-
-        started = time.perf_counter()
-        await asyncio.gather(*(client_loop() for _ in range(concurrency)))
-        elapsed = time.perf_counter() - started
-        after = (await client.get("/health")).json()
-    batches = (after.get("batches") or 0) - (before.get("batches") or 0)
-    return {
-        "requests": len(latencies),
-        "failures": failures,
-        "qps": len(latencies) / elapsed,
-        "p50_ms": 1000 * float(np.percentile(latencies, 50)),
-        "p99_ms": 1000 * float(np.percentile(latencies, 99)),
-        "mean_batch": len(latencies) / batches if batches else 1.0,
-    }
+def request_bodies(queries: list[str]) -> list[bytes]:
+    """One-query ``/wikiSearch`` request bodies in the reference JSON, encoded once before the clock starts."""
+    return [json.dumps({"queries": [query], "topk": 3, "return_scores": True}).encode() for query in queries]
 
 
 def encoder_batching_gain(embedder: Embedder, queries: list[str], repeats: int = 3) -> dict[str, float]:
-    """The ceiling of what batching can give: encoder ms per query, one query per call vs all in one call."""
+    """The ceiling of what batching can give: encoder ms per query, one query per call vs all in one call.
+
+    Measured with one torch thread, as the servers encode (`BatchingConfig.intra_op_threads`).
+    """
+    import torch
+
+    torch.set_num_threads(1)
     single, batched = float("inf"), float("inf")
     for _ in range(repeats):
         start = time.perf_counter()
@@ -142,7 +116,8 @@ def served_recall(url: str, questions: list[str], gold: list[list[str]]) -> floa
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="fewer requests per concurrency level")
+    parser.add_argument("--quick", action="store_true", help="shorter load tests")
+    parser.add_argument("--duration", type=float, default=None, help="seconds per load test (default 8, quick 3)")
     parser.add_argument("--rounds", type=int, default=2, help="alternating rounds per setting; the best is kept")
     args = parser.parse_args()
     if not CORPUS.is_file() or not QUESTIONS.is_file():
@@ -173,7 +148,8 @@ def main() -> int:
         wiki.close()
 
     encoder = encoder_batching_gain(embedder, questions[:64])
-    requests = {1: 30, 16: 128, 64: 256} if args.quick else {1: 60, 16: 320, 64: 640}
+    duration = args.duration or (3.0 if args.quick else 8.0)
+    bodies = request_bodies(questions)
     modes = (("per-request", False), ("micro-batched", True))
     served: dict[str, float] = {}
     best: dict[tuple[str, int], dict] = {}
@@ -189,7 +165,7 @@ def main() -> int:
             for concurrency in CONCURRENCY:
                 order = list(urls) if round_index % 2 == 0 else list(reversed(urls))
                 for mode in order:
-                    result = asyncio.run(load_test(urls[mode], questions, concurrency, requests[concurrency]))
+                    result = run_load_test(urls[mode], "/wikiSearch", bodies, concurrency, duration, expected_hits=3)
                     key = (mode, concurrency)
                     if key not in best or result["qps"] > best[key]["qps"]:
                         best[key] = {"mode": mode, "concurrency": concurrency, **result}
@@ -205,7 +181,8 @@ def main() -> int:
         "micro_batching_qps_ratio_at_64": ratio_64,
         "target_ratio_at_64": 3.0,
         "target_met": ratio_64 >= 3.0 and served["micro-batched"] >= served["per-request"],
-        "requests_per_level": requests,
+        "seconds_per_level": duration,
+        "load_average": os.getloadavg(),
         "rounds": args.rounds,
     }
     report(

@@ -50,31 +50,26 @@ def cache_root() -> Path:
 
 
 @dataclasses.dataclass(frozen=True)
-class DefaultBufferConfig:
-    """Settings of the embedded default buffer (each distinct setting gets its own cache folder)."""
+class DefaultBufferConfig(ScriptedSourceConfig):
+    """Settings of the embedded default buffer: which problems the expert solves (the fields of
+    `ScriptedSourceConfig`) and how its keys are indexed. Each distinct setting gets its own cache folder.
 
-    split: str = "train"
-    """Procedural split the expert solves (the trainer's questions are the ``train`` split)."""
-    num_tasks: int = 1000
-    """Problems solved: `MathEnv`'s default number of training problems."""
-    difficulty: int | None = None
-    """Operations per problem, or None for `MathEnv`'s default mix."""
-    max_tool_calls: int = 3
-    """Tool calls per expert episode."""
+    Example:
+        >>> DefaultBufferConfig(num_tasks=8, index_kind="flat").max_tool_calls
+        3
+    """
+
     index_kind: str = "hnsw"
     """FAISS index: ``hnsw`` (reference parameters) or ``flat`` (exact)."""
-
-    def source(self) -> ScriptedSourceConfig:
-        return ScriptedSourceConfig(
-            split=self.split, num_tasks=self.num_tasks, difficulty=self.difficulty, max_tool_calls=self.max_tool_calls
-        )
 
     def digest(self) -> str:
         """A short hash of the settings and of the problems themselves (a changed generator changes it)."""
         if self.split not in SPLIT_SEEDS:
             raise ValueError(f"split must be one of {sorted(SPLIT_SEEDS)}, got {self.split!r}")
         tasks = ProceduralMath(seed=SPLIT_SEEDS[self.split], num_tasks=self.num_tasks, difficulty=self.difficulty)
-        content = hashlib.sha256(json.dumps([FORMAT_VERSION, dataclasses.asdict(self)]).encode())
+        settings = dataclasses.asdict(self)
+        del settings["sandbox"]  # the backend that runs the expert's code does not change the traces
+        content = hashlib.sha256(json.dumps([FORMAT_VERSION, settings]).encode())
         for task in tasks:
             content.update(task.question.encode())
         return content.hexdigest()[:12]
@@ -100,7 +95,7 @@ def ensure_default_buffer(
     with (folder / ".lock").open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # a second process waits here, then finds the files built
         if not stats_path.is_file():  # written last: its presence means a complete build
-            trajectories = scripted_expert_trajectories(config.source(), show_progress=show_progress)
+            trajectories = scripted_expert_trajectories(config, show_progress=show_progress)
             traces, stats = build_step_traces(trajectories, BuildConfig())
             write_buffer(corpus_path, traces)
             build_step_index(

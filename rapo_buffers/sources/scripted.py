@@ -22,9 +22,10 @@ from rapo_env.envs.math import MathEnv
 from rapo_env.trajectory import Trajectory
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class ScriptedSourceConfig:
-    """Which procedural problems the scripted expert solves."""
+    """Which procedural problems the scripted expert solves (frozen: the default buffer's settings extend it and
+    key a cache)."""
 
     split: str = "train"
     """Procedural split (``train``/``validation``/``test``); the trainer trains on ``train``."""

@@ -118,6 +118,12 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max_batch_size", type=int, default=128, help="most queries per micro-batch")
     parser.add_argument("--max_wait_ms", type=float, default=2.0, help="micro-batch wait for more queries, in ms")
     parser.add_argument("--no_batching", action="store_true", help="one encode per request (for comparison)")
+    parser.add_argument(
+        "--intra_op_threads",
+        type=int,
+        default=1,
+        help="torch threads of the encoding thread (more than 1 stalls on cores shared with the event loop)",
+    )
     parser.add_argument("--max_queries", type=int, default=256, help="most queries per request (413 beyond)")
     parser.add_argument("--max_query_chars", type=int, default=8192, help="longest query (413 beyond)")
 
@@ -133,7 +139,10 @@ def run_serve(args: argparse.Namespace) -> int:
         default_topk=args.topk,
         limits=ServiceLimits(max_queries=args.max_queries, max_query_chars=args.max_query_chars),
         batching=BatchingConfig(
-            enabled=not args.no_batching, max_batch_size=args.max_batch_size, max_wait_s=args.max_wait_ms / 1000
+            enabled=not args.no_batching,
+            max_batch_size=args.max_batch_size,
+            max_wait_s=args.max_wait_ms / 1000,
+            intra_op_threads=args.intra_op_threads,
         ),
     )
     logger.info("serving %d passages on http://%s:%d/wikiSearch", len(wiki), args.host, args.port)
