@@ -8,11 +8,16 @@ Three snippets, each at concurrency 1 and 8:
 
 The baseline is the reference implementation's way: a fresh ``python -c`` process per call
 (rapo's ``subprocess`` backend), measured in the same run. Prints a table with executions
-per second, p50/p99 latency and the local/baseline ratios; writes
-``benchmarks/results/sandbox.json``.
+per second, p50/p99 latency and the local/baseline ratios, then whether each target of
+issue #3 is met: for (a) and (b), at concurrency 1 and 8, at least 20x the baseline's
+throughput with a p50 latency of 15 ms or less (isolation on). Latency is what a caller
+sees, waiting for a free worker included. With ``--repeats N`` every figure is the median
+of N whole runs. Writes ``benchmarks/results/sandbox.json`` (every run, the medians, the
+verdicts and the load average before and after).
 
 Example:
     python benchmarks/sandbox.py --quick
+    flock /tmp/bench.lock python benchmarks/sandbox.py --repeats 3
 """
 
 from __future__ import annotations
@@ -87,9 +92,59 @@ def call_counts(quick: bool) -> dict[tuple[str, str], int]:
     return counts
 
 
+TARGET_SNIPPETS = ("a_sum", "b_sympy")
+TARGET_THROUGHPUT_RATIO = 20.0
+TARGET_P50_MS = 15.0
+
+
+def run_once(executors: dict, counts: dict[tuple[str, str], int], label: str) -> list[dict]:
+    """Every (backend, snippet, concurrency) cell once; returns one row per cell."""
+    cells = [(name, snippet, concurrency) for snippet in SNIPPETS for concurrency in CONCURRENCY for name in executors]
+    rows = []
+    for name, snippet, concurrency in tqdm(cells, desc=label):
+        figures = run_sync(measure(executors[name], SNIPPETS[snippet], counts[(name, snippet)], concurrency))
+        rows.append({"backend": name, "snippet": snippet, "concurrency": concurrency, **figures})
+    return rows
+
+
+def median_rows(runs: list[list[dict]]) -> list[dict]:
+    """Per cell, the median of each figure over the runs (failures are summed)."""
+    rows = []
+    for cells in zip(*runs, strict=True):
+        row = {key: cells[0][key] for key in ("backend", "snippet", "concurrency")}
+        row["calls"] = sum(cell["calls"] for cell in cells)
+        row["failures"] = sum(cell["failures"] for cell in cells)
+        for key in ("execs_per_s", "p50_ms", "p99_ms"):
+            row[key] = statistics.median(cell[key] for cell in cells)
+        rows.append(row)
+    return rows
+
+
+def find_row(rows: list[dict], backend: str, snippet: str, concurrency: int) -> dict:
+    """The row of one cell."""
+    return next(r for r in rows if (r["backend"], r["snippet"], r["concurrency"]) == (backend, snippet, concurrency))
+
+
+def compare(rows: list[dict]) -> list[dict]:
+    """Per snippet and concurrency: the local backend against the baseline, and the target verdicts."""
+    ratios = []
+    for snippet in SNIPPETS:
+        for concurrency in CONCURRENCY:
+            mine, base = (find_row(rows, backend, snippet, concurrency) for backend in ("local", "python -c"))
+            throughput_ratio = mine["execs_per_s"] / base["execs_per_s"]
+            entry = {"snippet": snippet, "concurrency": concurrency, "throughput_ratio": throughput_ratio,
+                     "p50_ratio": base["p50_ms"] / mine["p50_ms"]}
+            if snippet in TARGET_SNIPPETS:
+                entry["throughput_target_met"] = throughput_ratio >= TARGET_THROUGHPUT_RATIO
+                entry["p50_target_met"] = mine["p50_ms"] <= TARGET_P50_MS
+            ratios.append(entry)
+    return ratios
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a small run (about a quarter of the calls)")
+    parser.add_argument("--repeats", type=int, default=1, help="whole runs; every figure is their median")
     parser.add_argument("--pool-size", type=int, default=None, help="warm workers of the local backend")
     parser.add_argument("--output", type=Path, default=Path(__file__).parent / "results" / "sandbox.json")
     args = parser.parse_args()
@@ -97,42 +152,62 @@ def main() -> int:
     local = make_executor(SandboxConfig(backend="local", pool_size=args.pool_size, timeout_s=30))
     baseline = make_executor(SandboxConfig(backend="subprocess", timeout_s=60))
     executors = {"local": local, "python -c": baseline}
-    for _ in range(local.config.workers * 2):  # start and warm the pool before timing
-        run_sync(local.run("pass"))
+    for snippet in ("pass", "import sympy"):  # start and warm both pools (light and full) before timing
+        for _ in range(local.config.workers * 2):
+            run_sync(local.run(snippet))
 
     counts = call_counts(args.quick)
-    cells = [(name, snippet, concurrency) for snippet in SNIPPETS for concurrency in CONCURRENCY for name in executors]
-    rows = []
-    for name, snippet, concurrency in tqdm(cells, desc="sandbox benchmark"):
-        figures = run_sync(measure(executors[name], SNIPPETS[snippet], counts[(name, snippet)], concurrency))
-        rows.append({"backend": name, "snippet": snippet, "concurrency": concurrency, **figures})
+    load_before = os.getloadavg()
+    runs = [run_once(executors, counts, f"sandbox benchmark, run {i + 1}/{args.repeats}") for i in range(args.repeats)]
+    load_after = os.getloadavg()
     run_sync(local.aclose())
 
-    ratios = []
-    for snippet in SNIPPETS:
-        for concurrency in CONCURRENCY:
-            mine, base = (next(r for r in rows if r["backend"] == b and r["snippet"] == snippet
-                               and r["concurrency"] == concurrency) for b in ("local", "python -c"))
-            ratios.append({
-                "snippet": snippet,
-                "concurrency": concurrency,
-                "throughput_ratio": mine["execs_per_s"] / base["execs_per_s"],
-                "p50_ratio": base["p50_ms"] / mine["p50_ms"],
-            })
+    rows = median_rows(runs)
+    ratios = compare(rows)
     report = {
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": sys.version.split()[0],
-                    "load_average_1m": os.getloadavg()[0]},
+                    "load_average_before": load_before, "load_average_after": load_after},
         "local_isolated": local.isolated,
         "local_pool_size": local.config.workers,
         "local_preloaded": list(local.config.preload_modules),
+        "repeats": args.repeats,
+        "targets": {"snippets": list(TARGET_SNIPPETS), "throughput_ratio": TARGET_THROUGHPUT_RATIO,
+                    "p50_ms": TARGET_P50_MS},
         "rows": rows,
         "ratios": ratios,
+        "runs": runs,
     }
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(report, indent=2))
     print_table(rows, ratios)
-    print(f"isolation on: {local.isolated}; pool size {local.config.workers}; wrote {args.output}")
+    print_verdicts(rows, ratios, local.isolated)
+    print(f"pool size {local.config.workers}; {args.repeats} run(s), medians shown; load average (1, 5, 15 min) "
+          f"{_load(load_before)} before, {_load(load_after)} after; wrote {args.output}")
     return 0
+
+
+def _load(load: tuple[float, float, float]) -> str:
+    return "/".join(f"{value:.2f}" for value in load)
+
+
+def print_verdicts(rows: list[dict], ratios: list[dict], isolated: bool) -> None:
+    """One line per target cell: met or not, and by what margin."""
+    print(f"targets (issue #3): >= {TARGET_THROUGHPUT_RATIO:g}x the python -c throughput and p50 <= "
+          f"{TARGET_P50_MS:g} ms, isolation on ({'yes' if isolated else 'NO: every target fails'})")
+    for ratio in ratios:
+        if "p50_target_met" not in ratio:
+            continue
+        mine = find_row(rows, "local", ratio["snippet"], ratio["concurrency"])
+        met = ratio["throughput_target_met"] and ratio["p50_target_met"] and isolated
+        line = (f"  {ratio['snippet']:>8} c{ratio['concurrency']}: throughput {ratio['throughput_ratio']:.1f}x "
+                f"({'met' if ratio['throughput_target_met'] else 'NOT met'}), p50 {mine['p50_ms']:.1f} ms "
+                f"({'met' if ratio['p50_target_met'] else 'NOT met'}) -> {'MET' if met else 'NOT MET'}")
+        if not ratio["p50_target_met"] and ratio["concurrency"] > 1:
+            # Little's law: with every client always waiting on a call, p50 is about concurrency / throughput.
+            needed = 1000 * ratio["concurrency"] / TARGET_P50_MS
+            line += (f"; at c{ratio['concurrency']} that p50 needs ~{needed:.0f} execs/s, "
+                     f"measured {mine['execs_per_s']:.0f}")
+        print(line)
 
 
 def print_table(rows: list[dict], ratios: list[dict]) -> None:
@@ -145,8 +220,8 @@ def print_table(rows: list[dict], ratios: list[dict]) -> None:
                    "python -c exec/s", "python -c p50 ms", "python -c p99 ms", "throughput x", "p50 x"):
         table.add_column(column, justify="right")
     for ratio in ratios:
-        mine, base = (next(r for r in rows if r["backend"] == b and r["snippet"] == ratio["snippet"]
-                           and r["concurrency"] == ratio["concurrency"]) for b in ("local", "python -c"))
+        cell = (ratio["snippet"], ratio["concurrency"])
+        mine, base = (find_row(rows, backend, *cell) for backend in ("local", "python -c"))
         table.add_row(
             ratio["snippet"], str(ratio["concurrency"]),
             f"{mine['execs_per_s']:.1f}", f"{mine['p50_ms']:.1f}", f"{mine['p99_ms']:.1f}",

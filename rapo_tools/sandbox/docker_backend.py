@@ -27,7 +27,7 @@ from typing import Any
 
 from rapo_tools.sandbox.config import SandboxConfig
 from rapo_tools.sandbox.local_backend import sandbox_environment
-from rapo_tools.sandbox.pool import PooledExecutor, SandboxUnavailableError, Worker, WorkerLostError
+from rapo_tools.sandbox.pool import PooledExecutor, SandboxUnavailableError, Worker, WorkerLostError, expect_ready
 from rapo_tools.sandbox.worker import FRAME_HEADER, encode_frame, worker_source
 
 WORKER_OVERHEAD_MB = 512
@@ -136,6 +136,7 @@ class DockerWorker(Worker):
         self._socket: socket.socket = getattr(attached, "_sock", attached)
         self._demuxer = StdStreamDemuxer()
         self._lock = threading.Lock()
+        self._ready_pending = False  # the spawner reads the start-up ready message
 
     def exchange(self, frame: bytes | None, timeout_s: float) -> dict[str, Any]:
         """Send ``frame`` (if any) and block until the worker's next message; raises `WorkerLostError`."""
@@ -158,12 +159,19 @@ class DockerWorker(Worker):
         if not self.alive:
             raise WorkerLostError("the worker container had already stopped")
         try:
-            reply = await asyncio.to_thread(self.exchange, encode_frame(message), timeout_s)
+            return await asyncio.to_thread(self.call, encode_frame(message), timeout_s)
         except BaseException:
             await self.close()  # a half-finished exchange would desynchronise the protocol
             raise
-        if reply.get("worker_retiring"):
-            await self.close()
+
+    def call(self, frame: bytes, timeout_s: float) -> dict[str, Any]:
+        """Send a request and return its reply, first reading the ready message that followed the previous one."""
+        deadline = time.monotonic() + timeout_s
+        reply = self.exchange(frame, timeout_s)
+        if self._ready_pending:
+            expect_ready(reply)  # the ready message came first; the reply follows
+            reply = self.exchange(None, max(0.01, deadline - time.monotonic()))
+        self._ready_pending = True
         return reply
 
     async def close(self) -> None:

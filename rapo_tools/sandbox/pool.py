@@ -57,6 +57,16 @@ class WorkerLostError(Exception):
     """A worker died or stopped answering during a call (the pool replaces it)."""
 
 
+class WorkerRetiredError(WorkerLostError):
+    """The worker retired (or died) after its previous call, before it read this one: the pool retries it."""
+
+
+def expect_ready(message: dict[str, Any] | None) -> None:
+    """Check the message a worker sends between calls; raises `WorkerRetiredError` unless it is ready."""
+    if message is None or not message.get("ready"):
+        raise WorkerRetiredError("the worker could not clean up after its previous call and retired")
+
+
 class Worker(abc.ABC):
     """One warm worker: sends a request frame, returns the reply frame."""
 
@@ -97,6 +107,11 @@ class _FairSlots:
             else:
                 self._waiters.remove(waiter)
             raise
+
+    @property
+    def waiting(self) -> int:
+        """Callers waiting for a slot now."""
+        return len(self._waiters)
 
     def release(self, slot: int) -> None:
         while self._waiters:
@@ -149,14 +164,22 @@ class WorkerPool:
         self.start()
         slot = await self._slots.acquire()
         try:
-            worker = await self._worker(slot)
             try:
-                return await worker.request(message, timeout_s)
-            finally:
-                if not worker.alive and not self._closed:
-                    self._start(slot)  # warm a replacement now, not on the next call
+                return await self._request(slot, message, timeout_s)
+            except WorkerRetiredError:
+                return await self._request(slot, message, timeout_s)  # it never ran: once more, on a fresh worker
         finally:
             self._slots.release(slot)
+
+    async def _request(self, slot: int, message: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+        worker = await self._worker(slot)
+        # Tells the worker whether its next request will follow at once (then forking ahead would only cost).
+        message = {**message, "calls_waiting": self._slots.waiting}
+        try:
+            return await worker.request(message, timeout_s)
+        finally:
+            if not worker.alive and not self._closed:
+                self._start(slot)  # warm a replacement now, not on the next call
 
     async def close(self) -> None:
         """Stop every worker; calls made afterwards fail with `SandboxUnavailableError`."""
@@ -203,6 +226,8 @@ def imports_only_stdlib(code: str) -> bool:
         >>> imports_only_stdlib("import numpy as np")
         False
     """
+    if "import" not in code:
+        return True  # no import statement, and nothing to parse
     try:
         tree = ast.parse(code)
     except (SyntaxError, ValueError):
@@ -282,7 +307,11 @@ class PooledExecutor:
 
 
 class StreamWorker(Worker):
-    """A worker reached through an asyncio stream pair (a local process's stdin/stdout)."""
+    """A worker reached through an asyncio stream pair (a local process's stdin/stdout).
+
+    After each reply the worker cleans up and then says it is ready; the next request is sent
+    without waiting for that, and the ready message is read before its reply.
+    """
 
     def __init__(self, reader: asyncio.StreamReader, writer: Any, stop: Callable[[], Awaitable[None]],
                  describe_death: Callable[[], str]) -> None:
@@ -291,14 +320,14 @@ class StreamWorker(Worker):
         self._writer = writer
         self._stop = stop
         self._describe_death = describe_death
+        self._ready_pending = False  # the spawner read the start-up ready message
 
     async def request(self, message: dict[str, Any], timeout_s: float) -> dict[str, Any]:
         if not self.alive:
             raise WorkerLostError("the worker had already stopped")
         try:
             self._writer.write(encode_frame(message))
-            await self._writer.drain()
-            reply = await asyncio.wait_for(read_frame(self._reader), timeout_s)
+            reply = await asyncio.wait_for(self._exchange(), timeout_s)
         except BaseException as error:
             # A half-finished exchange would desynchronise the protocol: this worker is done for.
             await self.close()
@@ -306,9 +335,26 @@ class StreamWorker(Worker):
                 reason = "it stopped answering" if isinstance(error, asyncio.TimeoutError) else "it exited"
                 raise WorkerLostError(f"{reason}{self._describe_death()}") from error
             raise
-        if reply.get("worker_retiring"):
-            await self.close()
         return reply
+
+    async def _exchange(self) -> dict[str, Any]:
+        try:
+            await self._writer.drain()
+        except ConnectionError:
+            if self._ready_pending:  # it left after its previous call: retired (or died) before reading this one
+                expect_ready(await self._message_between_calls())
+            raise
+        if self._ready_pending:
+            expect_ready(await self._message_between_calls())
+        reply = await read_frame(self._reader)
+        self._ready_pending = True
+        return reply
+
+    async def _message_between_calls(self) -> dict[str, Any] | None:
+        try:
+            return await read_frame(self._reader)
+        except asyncio.IncompleteReadError:
+            return None  # it exited without a word
 
     async def close(self) -> None:
         if self.alive:

@@ -6,13 +6,22 @@ Docker container (see `worker_source`). It imports the preloaded modules once, t
 serves requests over its stdin/stdout with length-prefixed JSON frames:
 
 - on start it sends ``{"ready": true, "preloaded": [...], "failed": {...}}``;
-- each request ``{"code", "timeout_s", "max_output_bytes"}`` runs in a fresh fork
-  (new session, rlimits, cwd = scratch), so no state survives a call;
-- the reply is ``{"stdout", "stderr", "exit_code", "timed_out", "truncated"}``.
+- each request ``{"code", "timeout_s", "max_output_bytes", "calls_waiting"}`` runs in a
+  fresh fork (new session, rlimits, cwd = scratch), so no state survives a call;
+- the reply is ``{"stdout", "stderr", "exit_code", "timed_out", "truncated"}``;
+- after each reply it sends ``{"ready": true}`` once it can take the next request, or
+  ``{"worker_retiring": true}`` and exits without reading another request (the host
+  then starts a fresh worker; a request it already sent was never run).
 
-After every call, before replying, it kills whatever the code left running and empties
-the scratch directories; if it cannot, its reply says ``"worker_retiring": true`` and it
-exits, and the host starts a fresh worker.
+Two things keep the per-call path short. The reply goes out as soon as the child reports
+its exit status through a pipe: only then does the worker reap the child (the kernel's
+teardown of a large address space takes milliseconds), kill whatever the code left
+running and empty the scratch directories, while the host already handles the reply.
+And when the worker would otherwise idle, it forks the next child ahead of its request:
+the child waits in its own session, under its rlimits, with its output pipes, blocked
+on reading its code. Forking ahead costs CPU (the worker's own work then copies pages
+that it shares with the waiting child), so a worker whose pool has calls waiting
+(``calls_waiting``), or whose next request is already there, forks on request instead.
 
 Example:
     >>> import json, subprocess, sys
@@ -22,7 +31,7 @@ Example:
     >>> out = subprocess.run([sys.executable, "-I", "-c", worker_source(), json.dumps(settings)],
     ...                      input=request, capture_output=True).stdout
     >>> [message.get("ready") or message["stderr"].splitlines()[-1] for message in decode_frames(out)]
-    [True, "NameError: name 'math' is not defined"]
+    [True, "NameError: name 'math' is not defined", True]
 """
 
 import json
@@ -37,12 +46,16 @@ import time
 FRAME_HEADER = struct.Struct(">I")
 _MAX_FRAME = 64 * 1024 * 1024
 _CLEANUP_WAIT_S = 2.0
+_STATUS_FD = 3  # in the child: where it reports its exit status before it exits
 
 
 def encode_frame(message):
     """One protocol frame: a 4-byte big-endian length, then the JSON text."""
     body = json.dumps(message).encode("utf-8")
     return FRAME_HEADER.pack(len(body)) + body
+
+
+_READY_FRAME = encode_frame({"ready": True})  # sent after every call's clean-up
 
 
 def decode_frames(data):
@@ -86,10 +99,22 @@ def _receive(fd):
     return None if body is None else json.loads(body)
 
 
-def _send(fd, message):
-    data = encode_frame(message)
+def _write_all(fd, data):
+    """Write all of ``data`` to a blocking ``fd``."""
     while data:
         data = data[os.write(fd, data):]
+
+
+def _send(fd, message):
+    _write_all(fd, encode_frame(message))
+
+
+def _read_to_end(fd):
+    """Everything ``fd`` gives until its writer closes it."""
+    chunks = []
+    while chunk := os.read(fd, 1 << 20):
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def _preload(names):
@@ -114,8 +139,11 @@ def _warm_up(code):
 
 
 def _address_space_bytes():
-    with open("/proc/self/statm") as handle:
-        return int(handle.read().split()[0]) * resource.getpagesize()
+    fd = os.open("/proc/self/statm", os.O_RDONLY)  # raw: a text file object costs a fresh fork ~100 page faults
+    try:
+        return int(os.read(fd, 256).split()[0]) * resource.getpagesize()
+    finally:
+        os.close(fd)
 
 
 def _set_limits(limits):
@@ -137,60 +165,144 @@ def _set_limits(limits):
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
 
 
-def _child(code, out_w, err_w, settings):
-    """Runs in the forked child: never returns."""
+class _Child:
+    """A forked child waiting for its code, and the worker's ends of its pipes."""
+
+    def __init__(self, pid, code_w, out_r, err_r, status_r):
+        self.pid = pid
+        self.code_w = code_w
+        self.out_r = out_r
+        self.err_r = err_r
+        self.status_r = status_r
+
+
+# A throwaway snippet a fresh fork runs while it would otherwise idle, waiting for its code (output
+# to /dev/null, names discarded). Its writes copy, ahead of time, the pages that every call writes
+# (allocator pools, interpreter state, the parse-compile-run-print path): a trivial call then runs
+# in about half the time. A fork whose code is already there skips it: it would only add work.
+_PAGE_TOUCH_SNIPPET = "_touched = [str(i) for i in range(8)]\nprint(len(_touched))\n"
+
+
+def _touch_pages():
+    """Run `_PAGE_TOUCH_SNIPPET` in a namespace of its own (the fork's stdout is still /dev/null)."""
+    _rapo_run(_PAGE_TOUCH_SNIPPET, {"__name__": "__touch__", "__builtins__": __builtins__})  # noqa: F821
+    sys.stdout.flush()
+    sys.stderr.flush()
+
+
+def _child(settings, pipes, ahead):
+    """Runs in the forked child: sets up, waits for its code, runs it, reports its status; never returns."""
+    code_r, out_w, err_w, status_w = pipes
     status = 70
     try:
         os.setsid()
-        null = os.open(os.devnull, os.O_RDWR)
-        os.dup2(null, 0)
+        os.dup2(code_r, 0)
+        if ahead and not _readable(0):
+            _touch_pages()  # only while it would wait for its code anyway
         os.dup2(out_w, 1)
         os.dup2(err_w, 2)
-        os.closerange(3, 1 << 16)  # the protocol pipes stay out of the code's reach
+        os.dup2(status_w, _STATUS_FD)
+        os.closerange(_STATUS_FD + 1, 1 << 16)  # the protocol pipes stay out of the code's reach
         if settings["scratch_dirs"]:
             os.chdir(settings["scratch_dirs"][0])
         _set_limits(settings["limits"])
+        code = _read_to_end(0).decode("utf-8", "surrogatepass")  # blocks until the request comes
+        null = os.open(os.devnull, os.O_RDWR)
+        os.dup2(null, 0)
+        os.close(null)
         namespace = {"__name__": "__main__", "__builtins__": __builtins__}
         status = _rapo_run(code, namespace)  # noqa: F821 - defined by REPL_FUNCTION_SOURCE
     except BaseException:  # the sandbox plumbing failed; report it like a crash
         status = 70
+    status = status if isinstance(status, int) and 0 <= status < 256 else 1
     try:
         sys.stdout.flush()
         sys.stderr.flush()
     except BaseException:
         pass
-    os._exit(status if isinstance(status, int) and 0 <= status < 256 else 1)
+    try:
+        os.write(_STATUS_FD, bytes([status]))  # the output is complete: the worker may reply now
+    except BaseException:
+        pass  # the code closed the status pipe: the worker waits for the exit instead
+    os._exit(status)
 
 
-def _collect(pid, fds, timeout_s, cap):
-    """Read the child's stdout/stderr until it exits, the output cap or the deadline."""
+def _fork_child(settings, ahead):
+    """Fork the child of a call, ``ahead`` of its request or for one at hand; returns it, or the OSError
+    that stopped the fork."""
+    code_r, code_w = os.pipe()
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    status_r, status_w = os.pipe()
+    try:
+        pid = os.fork()
+    except OSError as error:
+        for fd in (code_r, code_w, out_r, out_w, err_r, err_w, status_r, status_w):
+            os.close(fd)
+        return error
+    if pid == 0:
+        _child(settings, (code_r, out_w, err_w, status_w), ahead)
+    for fd in (code_r, out_w, err_w, status_w):
+        os.close(fd)
+    return _Child(pid, code_w, out_r, err_r, status_r)
+
+
+def _hand_over(child, code):
+    """Give the waiting child its code (it starts running when the pipe closes)."""
+    try:
+        _write_all(child.code_w, code.encode("utf-8", "surrogatepass"))
+    except BrokenPipeError:
+        pass  # the child died while waiting: its exit status tells how
+    finally:
+        os.close(child.code_w)
+
+
+def _collect(child, deadline, cap):
+    """Read the child's stdout/stderr until it reports its status, exits, passes the cap or the deadline.
+
+    Returns the output buffers, the reported status (None when the child reported none) and the
+    timed-out and truncated flags.
+    """
+    fds = (child.out_r, child.err_r)
     buffers = {fd: bytearray() for fd in fds}
     open_fds = set(fds)
     poller = select.poll()
     for fd in fds:
         os.set_blocking(fd, False)
         poller.register(fd, select.POLLIN)
-    pidfd = os.pidfd_open(pid)
+    poller.register(child.status_r, select.POLLIN)
+    pidfd = os.pidfd_open(child.pid)
     poller.register(pidfd, select.POLLIN)
-    deadline = time.monotonic() + timeout_s
+    status = None
     exited = timed_out = truncated = False
     try:
-        while not (exited or truncated):  # the code may close its output and keep working
+        while status is None and not (exited or truncated):  # the code may close its output and keep working
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 timed_out = True
                 break
             for fd, _ in poller.poll(remaining * 1000):
-                if fd == pidfd:
+                if fd == child.status_r:
+                    status = _read_status(fd, poller)
+                elif fd == pidfd:
                     exited = True  # data the child wrote is already in the pipes: drain below
                 elif fd in open_fds:
                     truncated |= _drain(fd, buffers[fd], cap, open_fds, poller)
-        if exited and not truncated:
+        if (status is not None or exited) and not truncated:
             for fd in list(open_fds):
                 truncated |= _drain(fd, buffers[fd], cap, open_fds, poller)
     finally:
         os.close(pidfd)
-    return buffers, timed_out, truncated
+    return buffers, status, timed_out, truncated
+
+
+def _read_status(fd, poller):
+    """The status byte the child wrote after its output; None (and no more polling) when it closed the pipe."""
+    data = os.read(fd, 64)  # poll said it is readable: this does not block
+    if not data:
+        poller.unregister(fd)
+        return None
+    return data[0]
 
 
 def _drain(fd, buffer, cap, open_fds, poller):
@@ -210,43 +322,40 @@ def _drain(fd, buffer, cap, open_fds, poller):
             return True
 
 
-def _execute(request, settings):
-    out_r, out_w = os.pipe()
-    err_r, err_w = os.pipe()
+def _execute(child, request):
+    """Run ``request`` in the waiting ``child``; returns the reply and whether the child is reaped yet."""
+    deadline = time.monotonic() + float(request["timeout_s"])
+    _hand_over(child, request["code"])
+    status = None
     try:
-        pid = os.fork()
-    except OSError as error:
-        for fd in (out_r, out_w, err_r, err_w):
-            os.close(fd)
-        return {"stdout": "", "stderr": f"the sandbox could not start the code: {error}",
-                "exit_code": 1, "timed_out": False, "truncated": False}
-    if pid == 0:
-        _child(request["code"], out_w, err_w, settings)
-    os.close(out_w)
-    os.close(err_w)
-    try:
-        buffers, timed_out, truncated = _collect(
-            pid, (out_r, err_r), float(request["timeout_s"]), int(request["max_output_bytes"])
-        )
+        buffers, status, timed_out, truncated = _collect(child, deadline, int(request["max_output_bytes"]))
     finally:
         try:
-            os.killpg(pid, signal.SIGKILL)  # its session, even when it exited: leftovers go too
+            os.killpg(child.pid, signal.SIGKILL)  # its session, even when it exited: leftovers go too
         except (ProcessLookupError, PermissionError):
             pass
-        _, wait_status = os.waitpid(pid, 0)
-        os.close(out_r)
-        os.close(err_r)
-    exit_code = os.waitstatus_to_exitcode(wait_status)
+        if status is None:  # it died, or we stopped it: its wait status says how
+            _, wait_status = os.waitpid(child.pid, 0)
+        for fd in (child.out_r, child.err_r, child.status_r):
+            os.close(fd)
+    exit_code = status if status is not None else os.waitstatus_to_exitcode(wait_status)
     if truncated and exit_code == -signal.SIGKILL:
         # Killed by us for flooding: a clean stderr means the code itself had not failed.
-        exit_code = 1 if buffers[err_r] else 0
-    return {
-        "stdout": buffers[out_r].decode("utf-8", "replace"),
-        "stderr": buffers[err_r].decode("utf-8", "replace"),
+        exit_code = 1 if buffers[child.err_r] else 0
+    reply = {
+        "stdout": buffers[child.out_r].decode("utf-8", "replace"),
+        "stderr": buffers[child.err_r].decode("utf-8", "replace"),
         "exit_code": exit_code,
         "timed_out": timed_out,
         "truncated": truncated,
     }
+    return reply, status is None
+
+
+def _failed_fork_reply(error):
+    """The reply to a call whose child could not be forked."""
+    return {"stdout": "", "stderr": f"the sandbox could not start the code: {error}",
+            "exit_code": 1, "timed_out": False, "truncated": False}
 
 
 def _other_processes():
@@ -328,6 +437,38 @@ def _make_undumpable():
         pass
 
 
+def _readable(fd):
+    """Whether ``fd`` has data waiting right now."""
+    return bool(select.select([fd], [], [], 0)[0])
+
+
+def _serve(proto_in, proto_out, settings):
+    """Answer requests until the host closes the protocol or a clean-up fails (then retire)."""
+    child = _fork_child(settings, ahead=True)
+    while True:
+        request = _receive(proto_in)
+        if request is None:
+            return
+        if not isinstance(child, _Child):
+            child = _fork_child(settings, ahead=False)  # none was forked ahead, or that fork failed
+        if isinstance(child, OSError):
+            _send(proto_out, _failed_fork_reply(child))
+        else:
+            reply, reaped = _execute(child, request)
+            _send(proto_out, reply)
+            if not reaped:
+                os.waitpid(child.pid, 0)  # killed already; its teardown ran while the host read the reply
+        # Clean before the next child exists, so that it starts from an empty scratch and no leftovers.
+        if not _clean_up(settings):
+            _send(proto_out, {"worker_retiring": True})
+            sys.exit("leftover processes or files could not be removed")
+        # Fork ahead only when idle: with the next request already queued (a saturated pool), a child
+        # forked now would only make this worker's own work copy pages it shares with that child.
+        saturated = request.get("calls_waiting") or _readable(proto_in)
+        child = None if saturated else _fork_child(settings, ahead=True)
+        _write_all(proto_out, _READY_FRAME)
+
+
 def main():
     settings = json.loads(sys.argv[1])
     proto_in, proto_out = os.dup(0), os.dup(1)
@@ -344,16 +485,7 @@ def main():
     if not _clean_up(settings):
         sys.exit("the scratch directories could not be emptied")
     _send(proto_out, {"ready": True, "preloaded": loaded, "failed": failed})
-    while True:
-        request = _receive(proto_in)
-        if request is None:
-            return
-        reply = _execute(request, settings)
-        # Clean before replying, so that a worker that cannot go on retires with this reply.
-        reply["worker_retiring"] = not _clean_up(settings)
-        _send(proto_out, reply)
-        if reply["worker_retiring"]:
-            sys.exit("leftover processes or files could not be removed")
+    _serve(proto_in, proto_out, settings)
 
 
 if __name__ == "__main__":

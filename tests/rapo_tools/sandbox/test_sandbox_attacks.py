@@ -73,8 +73,9 @@ def assert_still_healthy(sandbox: PythonSandbox) -> None:
     assert result.ok, result.text
     assert result.text == "45 [] []\n"
     if os.geteuid() == 0:
-        # On the host, only the warm worker itself runs as a sandbox uid.
-        assert len(_sandbox_uid_processes(sandbox.config)) <= sandbox.config.workers
+        # On the host, only the warm workers run as a sandbox uid, each with the child it forked for
+        # its next call (or the one of the call just answered, until the worker reaps it).
+        assert len(_sandbox_uid_processes(sandbox.config)) <= 2 * sandbox.config.workers
 
 
 def test_fork_bomb_is_capped_by_the_process_limit(target):
@@ -272,6 +273,22 @@ def test_filling_the_scratch_disk_stops_at_its_size(target):
 def test_killing_the_worker_or_pool_only_costs_that_call(target, code):
     result = target.run_sync(code)
     assert not result.ok
+    assert_still_healthy(target)
+
+
+@pytest.mark.parametrize(
+    ("code", "expected"),
+    [
+        ("import os\nos.close(3)\nprint('closed')", "closed\n"),  # the worker waits for the exit instead
+        ("import os, time\nprint('early', flush=True)\nos.write(3, bytes([0]))\ntime.sleep(30)", "early\n"),
+    ],
+    ids=["close-it", "forge-early-end"],
+)
+def test_the_exit_status_pipe_only_ends_the_call(target, code, expected):
+    # fd 3 is where a call reports its exit status, so that the reply need not wait for the kernel to
+    # tear the fork down. Forging it only ends the call early (and kills it), like os._exit would.
+    result = target.run_sync(code)
+    assert result.ok and result.text == expected
     assert_still_healthy(target)
 
 

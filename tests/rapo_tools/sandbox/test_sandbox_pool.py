@@ -3,11 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import sys
 
 import pytest
 
 from rapo_tools.aio import run_sync
-from rapo_tools.sandbox.pool import SandboxUnavailableError, Worker, WorkerLostError, WorkerPool
+from rapo_tools.sandbox.pool import (
+    SandboxUnavailableError,
+    StreamWorker,
+    Worker,
+    WorkerLostError,
+    WorkerPool,
+    WorkerRetiredError,
+)
 
 
 class RecordingWorker(Worker):
@@ -108,6 +116,69 @@ def test_a_retiring_worker_answers_and_is_replaced():
 
     first, second, spawned = run_sync(scenario())
     assert first == {"echo": "retire"} and second == {"echo": "next"} and spawned == [0, 0]
+
+
+class RetiredWorker(Worker):
+    """Retired after its previous call: it never runs the next one."""
+
+    alive = True
+
+    async def request(self, message, timeout_s):
+        self.alive = False
+        raise WorkerRetiredError("could not clean up after its previous call")
+
+    async def close(self):
+        self.alive = False
+
+
+def test_a_call_sent_to_a_worker_that_had_retired_runs_on_a_fresh_one():
+    log, spawned = [], []
+
+    async def spawn(slot):
+        spawned.append(slot)
+        return RetiredWorker() if len(spawned) == 1 else RecordingWorker(log, [0, 0])
+
+    async def scenario():
+        pool = WorkerPool(spawn, 1)
+        reply = await pool.execute({"code": "x"}, 1.0)
+        await pool.close()
+        return reply
+
+    assert run_sync(scenario()) == {"echo": "x"}
+    assert log == ["x"] and spawned == [0, 0]
+
+
+# A stand-in for the worker program: answers one request, then retires instead of saying it is ready.
+ONE_CALL_WORKER = """
+import json, os, struct, sys
+header = os.read(0, 4)
+request = json.loads(os.read(0, struct.unpack(">I", header)[0]))
+for message in ({"echo": request["code"]}, {"worker_retiring": True}):
+    body = json.dumps(message).encode()
+    os.write(1, struct.pack(">I", len(body)) + body)
+"""
+
+
+def test_a_stream_worker_that_retires_after_its_reply_costs_the_next_call_nothing():
+    async def spawn(slot):
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", ONE_CALL_WORKER, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE
+        )
+
+        async def stop():
+            if process.returncode is None:
+                process.kill()
+            await process.wait()
+
+        return StreamWorker(process.stdout, process.stdin, stop, lambda: "")
+
+    async def scenario():
+        pool = WorkerPool(spawn, 1)
+        replies = [await pool.execute({"code": code}, 5.0) for code in ("a", "b", "c")]
+        await pool.close()
+        return replies
+
+    assert run_sync(scenario()) == [{"echo": "a"}, {"echo": "b"}, {"echo": "c"}]
 
 
 def test_a_worker_that_cannot_start_is_reported_and_retried():
