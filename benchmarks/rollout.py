@@ -1,6 +1,6 @@
 """Rollout engine benchmark: engine and tool overhead, HF decoding speed, and overlap of tools with generation.
 
-Three parts, each against a baseline measured in the same run:
+Four parts, each against a baseline measured in the same run:
 
 1. ScriptedPolicy on RAPO-Math-v0 with the real python tool (two tool calls and an answer per
    episode) at 1, 8 and 64 concurrent episodes: episodes/s and tool calls/s of the engine
@@ -9,6 +9,10 @@ Three parts, each against a baseline measured in the same run:
 3. Share of wall time spent generating, engine against naive loop, for episodes whose turns are
    paced by real SmolLM2 decoding (each scripted turn costs a batched decode of 8/16 tokens) and
    whose tool calls take ~1 s (like a web search or page fetch).
+4. The Ray column: part 1's scripted workload on Ray rollout workers (1 and 2; `make_rollout_engine`)
+   against the local engine at the same concurrency. Every engine first plays one warm-up group, so
+   Ray's cluster and actor start-up (reported apart) is not counted in episodes/s. Skipped with
+   ``--no-ray`` or when the ``[ray]`` extra is missing.
 
 Run: ``python benchmarks/rollout.py`` (``--quick`` for a small run). Writes
 ``benchmarks/results/rollout.json`` and ``rollout.png``.
@@ -17,6 +21,7 @@ Run: ``python benchmarks/rollout.py`` (``--quick`` for a small run). Writes
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import sys
 import time
@@ -53,6 +58,44 @@ def run_engine(policy, episodes: int, config: RolloutConfig) -> dict:
         stats = engine.stats.as_dict()
     assert all(t.end_reason == "answer" for t in trajectories), [t.end_reason for t in trajectories]
     return stats
+
+
+def measure_engine(backend: str, episodes: int, concurrency: int, **ray_options) -> dict:
+    """Episodes/s of the scripted workload on ``make_rollout_engine(backend, ...)``, after one warm-up group."""
+    from rapo_agents.integrations.ray_rollout import make_rollout_engine
+
+    config = RolloutConfig(max_concurrent_episodes=concurrency, group_size=1)
+    started = time.perf_counter()
+    with make_rollout_engine(backend, "RAPO-Math-v0", ScriptedPolicy(TURNS), config, ENV_KWARGS,
+                             **ray_options) as engine:
+        engine.run([0])  # warm-up: actors, env pools, interpreter caches
+        startup = time.perf_counter() - started
+        trajectories = engine.run([q % 64 for q in range(episodes)])
+        stats = engine.stats
+    if not all(t.end_reason == "answer" for t in trajectories):
+        raise RuntimeError(f"episodes did not finish with an answer: {[t.end_reason for t in trajectories]}")
+    return {"engine_episodes_per_s": episodes / stats.wall_s,
+            "engine_tool_calls_per_s": stats.tool_calls / stats.wall_s, "wall_s": stats.wall_s, "startup_s": startup}
+
+
+def part_ray(quick: bool) -> list[dict]:
+    """Ray rollout workers (1 and 2) against the local engine, the same total concurrency in all."""
+    import ray
+
+    episodes, concurrency = (16, 8) if quick else (64, 16)
+    local = measure_engine("local", episodes, concurrency)
+    rows = [{"part": "ray", "engine": "local", "workers": 0, "concurrency": concurrency, "episodes": episodes,
+             **local, "speedup": 1.0}]
+    ray.init(num_cpus=max(2, os.cpu_count() or 2), include_dashboard=False, log_to_driver=False)
+    try:
+        for workers in (1, 2):
+            result = measure_engine("ray", episodes, max(1, concurrency // workers), num_workers=workers)
+            rows.append({"part": "ray", "engine": "ray", "workers": workers, "concurrency": concurrency,
+                         "episodes": episodes, **result,
+                         "speedup": result["engine_episodes_per_s"] / local["engine_episodes_per_s"]})
+    finally:
+        ray.shutdown()
+    return rows
 
 
 def part_overhead(quick: bool) -> list[dict]:
@@ -168,6 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1,
                         help="torch CPU threads; 1 avoids OpenMP spin contention when other processes share the cores "
                              "(on a busy 2-core machine SmolLM2 decodes ~6x faster with 1 thread than with 2)")
+    parser.add_argument("--no-ray", action="store_true", help="skip the Ray column (part 4)")
     args = parser.parse_args(argv)
     import torch
 
@@ -176,9 +220,13 @@ def main(argv: list[str] | None = None) -> int:
     model_policy = load_smollm2()
     rows += part_tokens(model_policy, args.quick)
     rows += part_overlap(model_policy, args.quick)
-    columns = ["part", "concurrency", "episodes", "engine_episodes_per_s", "engine_tool_calls_per_s",
-               "naive_episodes_per_s", "batch1_tokens_per_s", "batch8_tokens_per_s", "wall_s", "generate_s",
-               "tool_wait_s", "generation_share", "speedup"]
+    if args.no_ray or importlib.util.find_spec("ray") is None:
+        print("Ray column skipped (--no-ray, or the [ray] extra is not installed)")
+    else:
+        rows += part_ray(args.quick)
+    columns = ["part", "engine", "workers", "concurrency", "episodes", "engine_episodes_per_s",
+               "engine_tool_calls_per_s", "naive_episodes_per_s", "batch1_tokens_per_s", "batch8_tokens_per_s",
+               "wall_s", "startup_s", "generate_s", "tool_wait_s", "generation_share", "speedup"]
     picture = plot(rows)
     report("rollout", "rollout engine (ratios are against the baseline of the same row)", columns, rows,
            extra={"quick": args.quick, "torch_threads": args.threads, "plot": str(picture) if picture else None})
