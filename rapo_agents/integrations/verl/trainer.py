@@ -7,14 +7,18 @@ data is overridden here, through verl's own ``register_trainer`` extension point
   `RapoEnvAgentLoop`) and the actor's per-token entropies (verl computes them with the old
   log-probs), computes ``Z_ret`` and ``F_ret`` with `protocol.retrieval_terms_from_fields`,
   calls the registered ``rapo`` estimator with ``Z_ret``, and stores the shaping factor
-  ``1 + m * F_ret`` as ``rollout_is_weights`` for the registered ``rapo`` policy loss.
+  ``1 + m * F_ret`` as ``rollout_is_weights`` for the registered ``rapo`` policy loss. It
+  returns the batch meta of that write (verl's actor update reads only the fields a meta names),
+  and keeps verl's padding rows (tag ``is_padding``) out of the retrieval terms and metrics.
 
 RAPO's knobs live in a top-level ``rapo:`` section of the verl config (verl's ``algorithm``
 dataclass has no room for them): ``advantage_weight`` (0.2) and ``shaping_weight`` (0.05).
 
 What is checked without GPUs: the pieces this step calls (`protocol`, the registered estimator
-and loss) against rapo's own functions, and that the class registers. The step itself runs
-against verl's TransferQueue inside a real verl job (the GPU-marked test).
+and loss) against rapo's own functions, that the class registers, and the step itself against a
+real TransferQueue on a local CPU Ray (``tests/rapo_agents/integrations/test_verl_transfer_queue.py``:
+rollouts written as verl's rollout, padding and old-log-prob steps write them; what the step writes
+back equals rapo's functions). Only the whole loop, with verl's workers, needs the GPU-marked test.
 
 Example (import only; running it needs verl's Ray workers and TransferQueue):
     >>> from verl.trainer.ppo.v1 import get_trainer_cls
@@ -28,8 +32,10 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import torch
 import transfer_queue as tq
 from tensordict import TensorDict
+from transfer_queue import KVBatchMeta
 from verl.protocol import DataProto
 from verl.trainer.ppo.v1.trainer_base import register_trainer
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
@@ -46,6 +52,11 @@ def rapo_settings(config: Any) -> tuple[float, float]:
     """``(advantage_weight, shaping_weight)`` from the config's ``rapo`` section (spec §8 defaults)."""
     section = config.get("rapo", None) or {}
     return float(section.get("advantage_weight", 0.2)), float(section.get("shaping_weight", 0.05))
+
+
+def mean_or_zero(values: torch.Tensor) -> float:
+    """Mean of ``values`` as a float; 0 for none (a batch of padding only)."""
+    return values.float().mean().item() if values.numel() else 0.0
 
 
 @register_trainer(TRAINER_NAME)
@@ -68,13 +79,25 @@ class RapoPPOTrainer(PPOTrainerSync):
         self.advantage_weight, self.shaping_weight = rapo_settings(config)
         super().__init__(config)
 
-    def _compute_advantage(self, batch, metrics: dict):
+    def _compute_advantage(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
+        """RAPO's advantages, returns and shaping factors for ``batch``, written to TransferQueue.
+
+        Returns the batch meta of that write: verl's actor update reads only the fields a batch
+        meta names, so it must name ``advantages`` and ``rollout_is_weights`` (verl's own step
+        returns its write's meta too). Rows verl added as padding (tag ``is_padding``: a copy of
+        the first row's fields, rapo's record included, with a masked response) count as rollouts
+        without retrieval and stay out of the ``rapo/`` metrics.
+        """
         fields = ["uid", "response_mask", "rm_scores", "entropy", "extra_fields"]
         data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=fields)
         nested_mask = data["response_mask"]
         padded = DataProto(batch=data.to_padded_tensor())
         uid = np.array(padded.batch.pop("uid").tolist(), dtype=object)
-        records = [(extra or {}).get(EXTRA_FIELD) for extra in padded.batch.pop("extra_fields").tolist()]
+        is_rollout = np.array([not tag.get("is_padding", False) for tag in batch.tags], dtype=bool)
+        records = [
+            (extra or {}).get(EXTRA_FIELD) if rollout else None
+            for extra, rollout in zip(padded.batch.pop("extra_fields").tolist(), is_rollout, strict=True)
+        ]
         mask = padded.batch["response_mask"].float()
         entropy = padded.batch["entropy"].float() * mask
         z_ret, f_ret = retrieval_terms_from_fields(entropy, records)
@@ -90,13 +113,14 @@ class RapoPPOTrainer(PPOTrainerSync):
             "returns": response_to_nested(returns, nested_mask),
             "rollout_is_weights": response_to_nested(shaping_factor(f_ret, mask, self.shaping_weight), nested_mask),
         }
-        tq.kv_batch_put(
+        written = tq.kv_batch_put(
             keys=batch.keys, partition_id=batch.partition_id, fields=TensorDict(output, batch_size=len(batch))
         )
-        hybrid = np.array([bool(record and any(record["retrieved_after"])) for record in records])
+        with_retrieval = np.array([bool(record and any(record["retrieved_after"])) for record in records])
+        rollouts = torch.from_numpy(is_rollout)
         metrics.update({
-            "rapo/z_ret_mean": z_ret.mean().item(),
-            "rapo/f_ret_mean": f_ret.mean().item(),
-            "rapo/rollouts_with_retrieval": float(hybrid.mean()) if hybrid.size else 0.0,
+            "rapo/z_ret_mean": mean_or_zero(z_ret[rollouts]),
+            "rapo/f_ret_mean": mean_or_zero(f_ret[rollouts]),
+            "rapo/rollouts_with_retrieval": mean_or_zero(torch.from_numpy(with_retrieval[is_rollout]).float()),
         })
-        return batch
+        return written
