@@ -82,6 +82,11 @@ async def measure(executor, code: str, calls: int, concurrency: int) -> dict:
     }
 
 
+async def warm(executor, code: str, calls: int) -> None:
+    """``calls`` runs of ``code`` at once, so that every worker of its pool is up (a call waits for its own)."""
+    await asyncio.gather(*(executor.run(code) for _ in range(calls)))
+
+
 def call_counts(quick: bool) -> dict[tuple[str, str], int]:
     """Calls per (backend, snippet): enough for stable medians, bounded for the slow baseline."""
     scale = 0.25 if quick else 1.0
@@ -146,15 +151,17 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="a small run (about a quarter of the calls)")
     parser.add_argument("--repeats", type=int, default=1, help="whole runs; every figure is their median")
     parser.add_argument("--pool-size", type=int, default=None, help="warm workers of the local backend")
+    parser.add_argument("--light-pool-size", type=int, default=None, help="light warm workers of the local backend")
     parser.add_argument("--output", type=Path, default=Path(__file__).parent / "results" / "sandbox.json")
     args = parser.parse_args()
 
-    local = make_executor(SandboxConfig(backend="local", pool_size=args.pool_size, timeout_s=30))
+    local = make_executor(SandboxConfig(backend="local", pool_size=args.pool_size, light_pool_size=args.light_pool_size,
+                                        timeout_s=30))
     baseline = make_executor(SandboxConfig(backend="subprocess", timeout_s=60))
     executors = {"local": local, "python -c": baseline}
     for snippet in ("pass", "import sympy"):  # start and warm both pools (light and full) before timing
-        for _ in range(local.config.workers * 2):
-            run_sync(local.run(snippet))
+        for _ in range(2):
+            run_sync(warm(local, snippet, max(local.config.workers, local.config.light_workers)))
 
     counts = call_counts(args.quick)
     load_before = os.getloadavg()
@@ -169,6 +176,7 @@ def main() -> int:
                     "load_average_before": load_before, "load_average_after": load_after},
         "local_isolated": local.isolated,
         "local_pool_size": local.config.workers,
+        "local_light_pool_size": local.config.light_workers,
         "local_preloaded": list(local.config.preload_modules),
         "repeats": args.repeats,
         "targets": {"snippets": list(TARGET_SNIPPETS), "throughput_ratio": TARGET_THROUGHPUT_RATIO,
@@ -181,8 +189,9 @@ def main() -> int:
     args.output.write_text(json.dumps(report, indent=2))
     print_table(rows, ratios)
     print_verdicts(rows, ratios, local.isolated)
-    print(f"pool size {local.config.workers}; {args.repeats} run(s), medians shown; load average (1, 5, 15 min) "
-          f"{_load(load_before)} before, {_load(load_after)} after; wrote {args.output}")
+    print(f"pool size {local.config.workers} (light {local.config.light_workers}); {args.repeats} run(s), "
+          f"medians shown; load average (1, 5, 15 min) {_load(load_before)} before, {_load(load_after)} after; "
+          f"wrote {args.output}")
     return 0
 
 

@@ -47,6 +47,7 @@ FRAME_HEADER = struct.Struct(">I")
 _MAX_FRAME = 64 * 1024 * 1024
 _CLEANUP_WAIT_S = 2.0
 _STATUS_FD = 3  # in the child: where it reports its exit status before it exits
+_READ_SIZE = 65536  # per read of a pipe: below malloc's mmap threshold, so no mmap/munmap per read
 
 
 def encode_frame(message):
@@ -112,7 +113,7 @@ def _send(fd, message):
 def _read_to_end(fd):
     """Everything ``fd`` gives until its writer closes it."""
     chunks = []
-    while chunk := os.read(fd, 1 << 20):
+    while chunk := os.read(fd, _READ_SIZE):
         chunks.append(chunk)
     return b"".join(chunks)
 
@@ -146,23 +147,33 @@ def _address_space_bytes():
         os.close(fd)
 
 
-def _set_limits(limits):
+def rlimit_table(limits):
+    """The fixed ``(resource, (soft, hard))`` pairs of a call's ``limits``, worked out once per worker so that
+    each fork only applies them (all a fork does runs on every call's critical path)."""
     names = {
         "cpu_s": resource.RLIMIT_CPU,
         "max_processes": resource.RLIMIT_NPROC,
         "max_file_bytes": resource.RLIMIT_FSIZE,
         "max_open_files": resource.RLIMIT_NOFILE,
     }
+    table = []
     for key, which in names.items():
         if limits.get(key) is not None:
             value = int(limits[key])
             # CPU: the hard limit one second later turns SIGXCPU into SIGKILL for code that catches it.
-            resource.setrlimit(which, (value, value + 1 if key == "cpu_s" else value))
-    if limits.get("memory_bytes") is not None:
+            table.append((which, (value, value + 1 if key == "cpu_s" else value)))
+    table.append((resource.RLIMIT_CORE, (0, 0)))
+    return tuple(table)
+
+
+def _set_limits(table, memory_bytes):
+    """Apply `rlimit_table`'s pairs, and the address-space budget ``memory_bytes`` (None: no limit)."""
+    for which, pair in table:
+        resource.setrlimit(which, pair)
+    if memory_bytes is not None:
         # The budget is on top of what the warm worker already maps (numpy, sympy, ...).
-        total = _address_space_bytes() + int(limits["memory_bytes"])
+        total = _address_space_bytes() + int(memory_bytes)
         resource.setrlimit(resource.RLIMIT_AS, (total, total))
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
 
 
 class _Child:
@@ -205,7 +216,7 @@ def _child(settings, pipes, ahead):
         os.closerange(_STATUS_FD + 1, 1 << 16)  # the protocol pipes stay out of the code's reach
         if settings["scratch_dirs"]:
             os.chdir(settings["scratch_dirs"][0])
-        _set_limits(settings["limits"])
+        _set_limits(settings["rlimits"], settings["limits"].get("memory_bytes"))
         code = _read_to_end(0).decode("utf-8", "surrogatepass")  # blocks until the request comes
         null = os.open(os.devnull, os.O_RDWR)
         os.dup2(null, 0)
@@ -289,8 +300,7 @@ def _collect(child, deadline, cap):
                 elif fd in open_fds:
                     truncated |= _drain(fd, buffers[fd], cap, open_fds, poller)
         if (status is not None or exited) and not truncated:
-            for fd in list(open_fds):
-                truncated |= _drain(fd, buffers[fd], cap, open_fds, poller)
+            truncated = _drain_rest(poller, buffers, cap, open_fds)
     finally:
         os.close(pidfd)
     return buffers, status, timed_out, truncated
@@ -306,10 +316,14 @@ def _read_status(fd, poller):
 
 
 def _drain(fd, buffer, cap, open_fds, poller):
-    """Read what is available now; returns True when the cap was passed."""
+    """Read what is available now; returns True when the cap was passed.
+
+    A short read means the pipe is empty: stopping there, not at the EAGAIN that the next read would
+    raise, spares almost every call a failing read and the exception it raises.
+    """
     while True:
         try:
-            chunk = os.read(fd, 65536)
+            chunk = os.read(fd, _READ_SIZE)
         except BlockingIOError:
             return False
         if not chunk:
@@ -320,6 +334,20 @@ def _drain(fd, buffer, cap, open_fds, poller):
         if len(buffer) > cap:
             del buffer[cap:]
             return True
+        if len(chunk) < _READ_SIZE:
+            return False
+
+
+def _drain_rest(poller, buffers, cap, open_fds):
+    """Once the child is done: read what its pipes still hold (only those that poll says are readable)."""
+    truncated = False
+    while open_fds and not truncated:
+        ready = [fd for fd, _ in poller.poll(0) if fd in open_fds]
+        if not ready:
+            return False
+        for fd in ready:
+            truncated |= _drain(fd, buffers[fd], cap, open_fds, poller)
+    return truncated
 
 
 def _execute(child, request):
@@ -471,6 +499,7 @@ def _serve(proto_in, proto_out, settings):
 
 def main():
     settings = json.loads(sys.argv[1])
+    settings["rlimits"] = rlimit_table(settings["limits"])
     proto_in, proto_out = os.dup(0), os.dup(1)
     null = os.open(os.devnull, os.O_RDWR)
     os.dup2(null, 0)

@@ -73,9 +73,10 @@ def assert_still_healthy(sandbox: PythonSandbox) -> None:
     assert result.ok, result.text
     assert result.text == "45 [] []\n"
     if os.geteuid() == 0:
-        # On the host, only the warm workers run as a sandbox uid, each with the child it forked for
-        # its next call (or the one of the call just answered, until the worker reaps it).
-        assert len(_sandbox_uid_processes(sandbox.config)) <= 2 * sandbox.config.workers
+        # On the host, only the warm workers (full and light) run as a sandbox uid, each with the child it
+        # forked for its next call (or the one of the call just answered, until the worker reaps it).
+        warm_workers = sandbox.config.workers + sandbox.config.light_workers
+        assert len(_sandbox_uid_processes(sandbox.config)) <= 2 * warm_workers
 
 
 def test_fork_bomb_is_capped_by_the_process_limit(target):

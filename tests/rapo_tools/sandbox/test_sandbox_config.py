@@ -23,8 +23,13 @@ def test_from_yaml_mapping():
     """
     config = SandboxConfig.from_value(yaml.safe_load(text))
     assert config.timeout_s == 4 and config.memory_mb == 512 and config.workers == 3
+    assert config.light_workers == 6  # twice the pool size unless light_pool_size says otherwise
     assert config.preload_modules == ("math", "fractions")
     hash(config)  # hashable: equal configs share one pool
+
+
+def test_light_pool_size_overrides_the_default():
+    assert SandboxConfig(pool_size=3, light_pool_size=2).light_workers == 2
 
 
 @pytest.mark.parametrize(
@@ -35,6 +40,7 @@ def test_from_yaml_mapping():
         ({"timeout_s": 0}, ValueError),
         ({"memory_mb": -1}, ValueError),
         ({"pool_size": 0}, ValueError),
+        ({"light_pool_size": 0}, ValueError),
         ({"preload_modules": "numpy"}, ValueError),
         (3.5, TypeError),
     ],
