@@ -68,9 +68,9 @@ class SandboxConfig:
     """Also keep light warm workers that preload only the standard-library modules; code that imports
     nothing else runs there, in forks several times cheaper than those of a worker holding sympy."""
     light_pool_size: int | None = None
-    """Light warm workers per pool. None: twice the pool size. A light worker is small (about 15 MB), and
-    each waits, idle, on every step of its call's fork, run and clean-up: more of them in flight keep the
-    CPUs busy (issue #3: about 6% more calls per second at concurrency 8 on 2 cores)."""
+    """Light warm workers per pool. None: as many as ``pool_size``. More of them keep more calls in flight, but
+    on 2 cores twice the pool size gave no clear gain at concurrency 8 and about 20% fewer calls per second at
+    concurrency 1 (their idle forks-ahead compete for the cores; see ``benchmarks/sandbox.py --light-pool-size``)."""
     allow_unsandboxed: bool = False
     """Run without isolation (with a warning) when bubblewrap is not usable, instead of failing."""
     bwrap_path: str | None = None
@@ -123,7 +123,7 @@ class SandboxConfig:
     @property
     def light_workers(self) -> int:
         """The light pool's size actually used."""
-        return self.light_pool_size or 2 * self.workers
+        return self.light_pool_size or self.workers
 
     @classmethod
     def from_value(cls, value: SandboxConfig | dict[str, Any] | str | None) -> SandboxConfig:

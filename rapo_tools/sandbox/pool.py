@@ -5,8 +5,8 @@ lazily on first use, hands them out one call at a time in arrival order, and rep
 worker that died (the code may kill it). `PooledExecutor` is the backend API
 (``run(code)`` / ``aclose()``) on top of a pool that every executor with the same config
 in this process shares, so many environments never start many pools. Code that imports
-only the standard library goes to light workers, whose forks are cheaper (and of which
-there are twice as many by default: see `SandboxConfig.light_pool_size`).
+only the standard library goes to light workers, whose forks are cheaper (as many as the
+heavy ones by default: see `SandboxConfig.light_pool_size`).
 
 Example:
     >>> import asyncio

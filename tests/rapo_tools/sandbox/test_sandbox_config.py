@@ -23,7 +23,7 @@ def test_from_yaml_mapping():
     """
     config = SandboxConfig.from_value(yaml.safe_load(text))
     assert config.timeout_s == 4 and config.memory_mb == 512 and config.workers == 3
-    assert config.light_workers == 6  # twice the pool size unless light_pool_size says otherwise
+    assert config.light_workers == 3  # the pool size unless light_pool_size says otherwise
     assert config.preload_modules == ("math", "fractions")
     hash(config)  # hashable: equal configs share one pool
 
