@@ -56,7 +56,7 @@ def rapo_cache_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def policy_tokenizer_dir() -> str:
-    """Folder of the embedded SmolLM2 (dequantized once into rapo's cache); its tokenizer loads in well under a second."""
+    """Folder of the embedded SmolLM2 (dequantized once into rapo's cache); its tokenizer loads in under a second."""
     from rapo_agents.policies.hf import default_policy_path
 
     try:
