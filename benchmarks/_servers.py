@@ -1,10 +1,12 @@
-"""Helpers of the service benchmarks: start a server script in a subprocess, and plot two modes side by side."""
+"""Helpers of the service benchmarks: start a server script in a subprocess, build one-query request bodies, measure
+what batching gives the encoder alone, load-test, and plot two modes side by side."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
-import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -12,14 +14,49 @@ import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from rapo_tools.serving import free_port  # noqa: E402, F401  (re-exported for the benchmarks)
+
 SCRIPTS_DIR = Path(__file__).resolve().parents[1] / "scripts"
 
 
-def free_port() -> int:
-    """A TCP port that is free on the loopback interface right now."""
-    with contextlib.closing(socket.socket()) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+def request_bodies(queries: Sequence[str], copies: int = 1) -> list[bytes]:
+    """One-query bodies in the reference JSON (``/wikiSearch`` and ``/retrieve`` alike), each query ``copies``
+    times in a row, encoded before the clock starts.
+
+    With ``copies=8``, clients 0-7 send the first query at once, 8-15 the second, ...: the hybrid rollouts
+    of a RAPO group retrieving with one shared context.
+    """
+    return [
+        json.dumps({"queries": [query], "topk": 3, "return_scores": True}).encode()
+        for query in queries
+        for _ in range(copies)
+    ]
+
+
+def encoder_batching_gain(embedder, texts: Sequence[str], threads: int = 1, repeats: int = 3) -> dict[str, float]:
+    """What batching alone gives the encoder, in process on ``threads`` torch threads (the servers'
+    ``intra_op_threads``): ms per text in one batch of ``texts`` vs one call per text, interleaved, medians."""
+    import torch
+
+    torch.set_num_threads(threads)
+    batched, single = [], []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        embedder.encode(list(texts))
+        batched.append(1000 * (time.perf_counter() - started) / len(texts))
+        started = time.perf_counter()
+        for text in texts:
+            embedder.encode([text])
+        single.append(1000 * (time.perf_counter() - started) / len(texts))
+    return {
+        "texts": len(texts),
+        "threads": threads,
+        "batched_ms_per_text": statistics.median(batched),
+        "single_ms_per_text": statistics.median(single),
+        "gain": statistics.median(single) / statistics.median(batched),
+    }
 
 
 def script_command(script: str, port: int, flags: dict[str, object], switches: Sequence[str] = ()) -> list[str]:

@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
-import json
 import os
 import random
 import statistics
@@ -43,7 +42,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _report import RESULTS_DIR, report  # noqa: E402
-from _servers import free_port, plot_modes, run_load_test, script_command, script_server  # noqa: E402
+from _servers import (  # noqa: E402
+    encoder_batching_gain,
+    free_port,
+    plot_modes,
+    request_bodies,
+    run_load_test,
+    script_command,
+    script_server,
+)
 
 from rapo_agents.scripted import ExpertAgent  # noqa: E402
 from rapo_buffers.builder import build_step_traces  # noqa: E402
@@ -135,50 +142,12 @@ def retrieval_server(corpus: Path, index: Path, micro_batching: bool, port: int)
     return script_server(script_command("retrieve_server.py", port, flags, switches), port)
 
 
-def request_bodies(contexts: list[str], copies: int = 1) -> list[bytes]:
-    """One-query ``/retrieve`` bodies, each context ``copies`` times in a row (encoded before the clock starts).
-
-    With ``copies=8``, clients 0-7 send the first context at once, 8-15 the second, ...: the hybrid rollouts
-    of a RAPO group retrieving with one shared context.
-    """
-    return [
-        json.dumps({"queries": [context], "topk": 3, "return_scores": True}).encode()
-        for context in contexts
-        for _ in range(copies)
-    ]
-
-
 def warm_up(url: str, queries: list[str]) -> None:
     """A few requests so that the first timed one does not pay for lazy initialisation."""
     import httpx
 
     for query in queries[:3]:
         httpx.post(f"{url}/retrieve", json={"queries": [query], "topk": 3}, timeout=300).raise_for_status()
-
-
-def encoder_batching_gain(embedder: Embedder, texts: list[str], repeats: int) -> dict[str, float]:
-    """In-process, one torch thread (as served): one batch of ``texts`` vs one call per text, interleaved (medians).
-
-    The ceiling of what micro-batching can give: keys of ~140 tokens keep MiniLM compute-bound even one at a time.
-    """
-    import torch
-
-    torch.set_num_threads(1)
-    batched, single = [], []
-    for _ in range(repeats):
-        started = time.perf_counter()
-        embedder.encode(texts)
-        batched.append(1000 * (time.perf_counter() - started) / len(texts))
-        started = time.perf_counter()
-        for text in texts:
-            embedder.encode([text])
-        single.append(1000 * (time.perf_counter() - started) / len(texts))
-    return {
-        "texts": len(texts),
-        "batched_ms_per_text": statistics.median(batched),
-        "single_ms_per_text": statistics.median(single),
-        "gain": statistics.median(single) / statistics.median(batched),
-    }
 
 
 def main() -> int:
@@ -252,7 +221,7 @@ def main() -> int:
     del traces
     from rapo_buffers.text import normalize_context
 
-    encoder_gain = encoder_batching_gain(embedder, [normalize_context(q) for q in queries[:64]], args.repeats)
+    encoder_gain = encoder_batching_gain(embedder, [normalize_context(q) for q in queries[:64]], repeats=args.repeats)
     print(
         f"in-process encoder, 1 thread: {encoder_gain['batched_ms_per_text']:.1f} ms/key in a batch of 64, "
         f"{encoder_gain['single_ms_per_text']:.1f} ms/key one at a time ({encoder_gain['gain']:.2f}x)"

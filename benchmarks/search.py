@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import sys
 import time
@@ -42,7 +41,15 @@ sys.path.insert(0, str(REPO_ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _report import RESULTS_DIR, report  # noqa: E402
-from _servers import free_port, plot_modes, run_load_test, script_command, script_server  # noqa: E402
+from _servers import (  # noqa: E402
+    encoder_batching_gain,
+    free_port,
+    plot_modes,
+    request_bodies,
+    run_load_test,
+    script_command,
+    script_server,
+)
 
 from rapo_env.tasks.hotpotqa import load_hotpotqa  # noqa: E402
 from rapo_tools.search.cache import cached_corpus_index  # noqa: E402
@@ -84,36 +91,6 @@ def search_server(index: Path, micro_batching: bool, intra_op_threads: int):
     flags = {"index_path": index, "corpus_path": CORPUS, "device": "cpu", "intra_op_threads": intra_op_threads}
     switches = [] if micro_batching else ["--no_batching"]
     return script_server(script_command("search_server.py", port, flags, switches), port)
-
-
-def request_bodies(queries: list[str]) -> list[bytes]:
-    """One-query ``/wikiSearch`` request bodies in the reference JSON, encoded once before the clock starts."""
-    return [json.dumps({"queries": [query], "topk": 3, "return_scores": True}).encode() for query in queries]
-
-
-def encoder_batching_gain(
-    embedder: Embedder, queries: list[str], threads: int, repeats: int = 3
-) -> dict[str, float]:
-    """What batching alone gives: encoder ms per query, one query per call vs all in one call, on ``threads``
-    torch threads (the servers' `BatchingConfig.intra_op_threads`)."""
-    import torch
-
-    torch.set_num_threads(threads)
-    single, batched = float("inf"), float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        for query in queries:
-            embedder.encode([query])
-        single = min(single, (time.perf_counter() - start) / len(queries))
-        start = time.perf_counter()
-        embedder.encode(queries)
-        batched = min(batched, (time.perf_counter() - start) / len(queries))
-    return {
-        "threads": threads,
-        "single_ms_per_query": 1000 * single,
-        "batched_ms_per_query": 1000 * batched,
-        "gain": single / batched,
-    }
 
 
 def served_recall(url: str, questions: list[str], gold: list[list[str]]) -> float:
@@ -251,8 +228,8 @@ def main() -> int:
         print(f"{threads} torch thread(s): micro-batching / per-request at concurrency 64: {ratio:.2f}x "
               f"(target 3x, recall kept: {recall_kept}) -> {verdict}")
     for encoder in encoders:
-        print(f"encoder alone, {encoder['threads']} thread(s): {encoder['single_ms_per_query']:.1f} ms/query one at "
-              f"a time, {encoder['batched_ms_per_query']:.1f} ms/query in one batch of 64 ({encoder['gain']:.2f}x)")
+        print(f"encoder alone, {encoder['threads']} thread(s): {encoder['single_ms_per_text']:.1f} ms/query one at "
+              f"a time, {encoder['batched_ms_per_text']:.1f} ms/query in one batch of 64 ({encoder['gain']:.2f}x)")
     return 0
 
 

@@ -206,8 +206,9 @@ class RAPOTrainer:
             # An in-process buffer (model and FAISS index) does not pickle: Ray Serve runs it, the workers
             # reach it by URL like a `rapo buffer serve` server.
             from rapo_agents.integrations.ray_rollout import serve_retrieval
+            from rapo_tools.serving import free_port
 
-            return serve_retrieval(retriever_factory(self.config), http_port=_free_port())
+            return serve_retrieval(retriever_factory(self.config), http_port=free_port())
         return retriever_factory(self.config)()
 
     @property
@@ -493,14 +494,6 @@ def _init_ray(address: str | None) -> None:
 
     if not ray.is_initialized():
         ray.init(address=address, include_dashboard=False)
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def rollout_metrics(trajectories: Sequence[Trajectory], batch: TrainBatch) -> dict[str, float]:

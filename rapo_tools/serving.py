@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -37,6 +38,14 @@ class ServerStartError(RuntimeError):
 def serve(app: Any, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info") -> None:
     """Serve ``app`` until interrupted (Ctrl-C); for the command-line entry points."""
     uvicorn.run(app, host=host, port=port, log_level=log_level)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port free on ``host`` right now, for a server that cannot bind port 0 itself (a subprocess,
+    Ray Serve)."""
+    with contextlib.closing(socket.socket()) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
 
 
 def _bound_port(server: uvicorn.Server) -> int:

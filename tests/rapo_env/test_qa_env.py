@@ -4,9 +4,7 @@ and search services that are dead or slow (the episode goes on)."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-import socket
 
 import gymnasium as gym
 import pytest
@@ -26,7 +24,7 @@ from rapo_tools.search.cache import cached_corpus_index
 from rapo_tools.search.embedding import Embedder
 from rapo_tools.search.server import create_wiki_search_app
 from rapo_tools.search.wiki_search import WikiSearch
-from rapo_tools.serving import serve_in_thread
+from rapo_tools.serving import free_port, serve_in_thread
 
 SMALL_KB = {"num_countries": 3, "num_towns": 8, "num_organizations": 6, "num_people": 16, "num_works": 10}
 HOTPOTQA_CORPUS = "corpus/hipporag_hotpotqa_train_corpus.json"
@@ -53,12 +51,6 @@ def hotpotqa_index(shared_data, embedder, rapo_cache_dir):
 def hotpotqa_service(hotpotqa_index, embedder):
     with serve_in_thread(create_wiki_search_app(WikiSearch.load(hotpotqa_index, embedder=embedder))) as url:
         yield url
-
-
-def _free_port() -> int:
-    with contextlib.closing(socket.socket()) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 # ----- the generated knowledge base -----------------------------------------------------------------------
@@ -206,7 +198,7 @@ def test_file_datasets_need_a_corpus(shared_data):
 def test_dead_service_fails_the_search_and_the_episode_goes_on(shared_data):
     env = QAEnv(
         dataset=shared_data / "qa/arpo_bamboogle_test.jsonl",
-        search_url=f"http://127.0.0.1:{_free_port()}",
+        search_url=f"http://127.0.0.1:{free_port()}",
         search={"timeout_s": 1.0, "retries": 1, "backoff_s": 0.01},
     )
     env.reset(options={"task_index": 0})

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -14,6 +12,7 @@ from pathlib import Path
 import httpx
 
 from rapo_agents.cli import main
+from rapo_tools.serving import free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 
@@ -43,7 +42,7 @@ def test_build_index_then_serve_with_the_reference_script(shared_data, tmp_path,
     assert meta["count"] == 10 and meta["config"]["kind"] == "flat"
     assert Path(f"{index}.offsets.npy").is_file()
 
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     server = subprocess.Popen(
         [
@@ -73,12 +72,6 @@ def test_build_index_then_serve_with_the_reference_script(shared_data, tmp_path,
     finally:
         server.terminate()
         server.wait(timeout=30)
-
-
-def _free_port() -> int:
-    with contextlib.closing(socket.socket()) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _wait_for_health(url: str, server: subprocess.Popen, deadline_s: float) -> dict:
