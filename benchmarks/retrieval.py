@@ -53,7 +53,7 @@ from _servers import (  # noqa: E402
 )
 
 from rapo_agents.scripted import ExpertAgent  # noqa: E402
-from rapo_buffers.builder import build_step_traces  # noqa: E402
+from rapo_agents.buffer_build.builder import build_step_traces  # noqa: E402
 from rapo_buffers.index import build_step_index, step_index_sidecar  # noqa: E402
 from rapo_buffers.schema import write_buffer  # noqa: E402
 from rapo_env.protocol import find_last_tool_call, format_result  # noqa: E402

@@ -459,12 +459,12 @@ def training_env_kwargs(config: TrainConfig) -> dict[str, Any]:
 
 def retriever_factory(config: TrainConfig) -> Callable[[], Any]:
     """A picklable factory of the step-trace retriever ``config.retrieval.retriever`` names."""
-    from rapo_buffers.defaults import resolve_retriever
+    from rapo_agents.buffer_build.defaults import resolve_retriever
 
     spec = config.retrieval.retriever
     if spec == "default" and config.data.source == "procedural_math":
         # The expert solves the very questions the policy trains on, as the paper's buffer does.
-        from rapo_buffers.defaults import DefaultBufferConfig, default_retriever
+        from rapo_agents.buffer_build.defaults import DefaultBufferConfig, default_retriever
 
         buffer = DefaultBufferConfig(num_tasks=config.data.num_tasks, difficulty=config.data.difficulty,
                                      max_tool_calls=config.rollout.max_tool_calls, index_kind="flat")

@@ -7,7 +7,7 @@ Typical use:
     False
 
 Build a buffer from rollouts with ``rapo buffer build``, index it with ``rapo buffer index`` and
-serve it with ``rapo buffer serve``; `rapo_buffers.defaults.default_retriever` gives the embedded
+serve it with ``rapo buffer serve``; `rapo_agents.buffer_build.defaults.default_retriever` gives the embedded
 default buffer in-process.
 """
 

@@ -70,3 +70,17 @@ class RetrievalClient(RetryingClient):
     def close(self) -> None:
         """Close the connection pool (reopened on next use)."""
         run_sync(self.aclose())
+
+
+def retriever_from_url(url: str) -> RetrievalClient:
+    """The client of the ``/retrieve`` service at ``url`` (``http://host:port``).
+
+    Raises:
+        ValueError: for a string that is not an http(s) URL, with the way to build a buffer in-process.
+    """
+    if not url.startswith(("http://", "https://")):
+        raise ValueError(
+            f"unknown retriever {url!r}: pass a Retriever object or the http(s) URL of a /retrieve service; "
+            "rapo_agents.buffer_build.default_retriever() builds the embedded default buffer in-process"
+        )
+    return RetrievalClient(url)

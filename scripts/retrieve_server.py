@@ -12,7 +12,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from rapo_agents.cli.buffer import add_serve_arguments, run_serve  # noqa: E402
+from rapo_cli.buffer import add_serve_arguments, run_serve  # noqa: E402
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -45,6 +45,7 @@ import gymnasium as gym
 import numpy as np
 
 from rapo_buffers.candidates import Candidate, Retriever
+from rapo_buffers.client import retriever_from_url
 from rapo_buffers.schema import is_final_step_text
 from rapo_buffers.text import normalize_context
 
@@ -86,8 +87,8 @@ class StepTraceRetrievalWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
 
     Args:
         env: any env with ``str`` observations and actions.
-        retriever: a `Retriever`, or a string: ``"default"`` (the embedded scripted-expert buffer,
-            built on first use) or the URL of a ``/retrieve`` service (``http://host:port``).
+        retriever: a `Retriever`, or the URL of a ``/retrieve`` service (``http://host:port``). Whoever owns
+            the training data builds a default buffer (`rapo_agents.buffer_build.default_retriever`).
         retrieve_prob: probability of a retrieval after each tool round of a hybrid rollout.
         topk: candidates considered per retrieval.
         select: ``"max_reward"`` (reference: highest reward, ties by similarity) or ``"most_similar"`` (paper).
@@ -156,9 +157,7 @@ class StepTraceRetrievalWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
         )
         gym.Wrapper.__init__(self, env)
         if isinstance(retriever, str):
-            from rapo_buffers.defaults import resolve_retriever
-
-            retriever = resolve_retriever(retriever)
+            retriever = retriever_from_url(retriever)
         if not isinstance(retriever, Retriever):
             raise TypeError(f"retriever must implement retrieve(queries, topk), got {type(retriever).__name__}")
         self.retriever = retriever

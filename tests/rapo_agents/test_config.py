@@ -134,7 +134,7 @@ def test_rollout_backend_and_policy_knobs():
 def test_rapo_train_command_prints_config_and_rejects_bad_keys(capsys):
     import yaml
 
-    from rapo_agents.cli import main
+    from rapo_cli import main
 
     assert main(["train", "--print-config", "rollout_n=8", "retrieval.enabled=false"]) == 0
     printed = yaml.safe_load(capsys.readouterr().out)

@@ -7,7 +7,6 @@ from rapo_buffers.candidates import Retriever
 from rapo_env.envs.math import MathEnv
 from rapo_env.wrappers import StepTraceRetrievalWrapper
 
-from .conftest import SCRIPTED_TASKS
 
 
 class RewordedExpert(ExpertAgent):
@@ -26,6 +25,7 @@ class RewordedExpert(ExpertAgent):
 
 def test_hit_rate_on_the_questions_of_the_buffer(scripted_buffer):
     question_of = {trace.value: trace.question_id for trace in scripted_buffer.traces}
+    SCRIPTED_TASKS = len(set(question_of.values()))  # noqa: N806 (the buffer's question count)
     assert isinstance(scripted_buffer.retriever, Retriever)
     env = MathEnv(split="train", num_tasks=SCRIPTED_TASKS, sandbox="subprocess")
     wrapped = StepTraceRetrievalWrapper(env, scripted_buffer.retriever, retrieve_prob=1.0, seed=0)

@@ -37,6 +37,7 @@ from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetr
 
 import rapo_env  # noqa: F401  (registers the rapo env ids)
 from rapo_agents.integrations.verl.protocol import EXTRA_FIELD, episode_fields
+from rapo_agents.buffer_build.defaults import resolve_retriever
 from rapo_agents.policies.base import TOOL_STOP_STRINGS, Generation
 from rapo_agents.rollout.episode import EpisodeRecord
 from rapo_env.wrappers import StepTraceRetrievalWrapper
@@ -81,7 +82,10 @@ class RapoEnvAgentLoop(AgentLoopBase):
         """A fresh env for one episode (``overrides`` merged over ``env_kwargs``), wrapped for retrieval if set."""
         env = gym.make(self.env_id, **{**self.env_kwargs, **(overrides or {})})
         if self.retrieval:
-            env = StepTraceRetrievalWrapper(env, **self.retrieval)
+            retrieval = dict(self.retrieval)
+            if isinstance(retrieval.get("retriever"), str):
+                retrieval["retriever"] = resolve_retriever(retrieval["retriever"])
+            env = StepTraceRetrievalWrapper(env, **retrieval)
         return env
 
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:

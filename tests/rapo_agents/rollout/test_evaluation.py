@@ -46,7 +46,7 @@ def test_evaluate_is_resumable_and_scores_with_the_real_answers(tmp_path):
 
 
 def test_eval_cli_prints_the_table(tmp_path, capsys):
-    from rapo_agents.cli import main
+    from rapo_cli import main
 
     output = tmp_path / "cli.jsonl"
     assert main(["eval", "--policy", "scripted", "--limit", "2", "--greedy", "--output", str(output),

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import httpx
 
-from rapo_agents.cli import main
+from rapo_cli import main
 from rapo_tools.serving import free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[3]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from rapo_buffers.client import RetrievalClient
-from rapo_buffers.defaults import (
+from rapo_agents.buffer_build.defaults import (
     DefaultBufferConfig,
     default_buffer_dir,
     default_retriever,

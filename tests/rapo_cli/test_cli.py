@@ -8,7 +8,7 @@ from rapo_env.trajectory import read_jsonl
 
 
 def rapo(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "rapo_agents.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "rapo_cli", *args], capture_output=True, text=True,
                           timeout=300)
 
 

@@ -45,7 +45,7 @@ def add_build_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_build(args: argparse.Namespace) -> int:
-    from rapo_buffers.builder import BuildConfig, build_buffer, build_buffer_file
+    from rapo_agents.buffer_build.builder import BuildConfig, build_buffer, build_buffer_file
 
     config = BuildConfig(top_k=args.top_k, min_reward=args.min_reward)
     started = time.perf_counter()
@@ -55,12 +55,12 @@ def run_build(args: argparse.Namespace) -> int:
             return 2
         stats = build_buffer_file(args.input, args.output, config, args.tokenizer)
     elif args.source == "scripted":
-        from rapo_buffers.sources.scripted import ScriptedSourceConfig, scripted_expert_trajectories
+        from rapo_agents.buffer_build.sources.scripted import ScriptedSourceConfig, scripted_expert_trajectories
 
         source = ScriptedSourceConfig(split=args.split, num_tasks=args.num_tasks, difficulty=args.difficulty)
         stats = build_buffer(scripted_expert_trajectories(source), args.output, config, args.tokenizer)
     else:
-        from rapo_buffers.sources.gsm8k import gsm8k_trajectories
+        from rapo_agents.buffer_build.sources.gsm8k import gsm8k_trajectories
 
         if len(args.input) != 1:
             print("rapo buffer build --source gsm8k: give exactly one --input file", file=sys.stderr)

@@ -14,12 +14,12 @@ import sys
 
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     # name: (module, one-line help)
-    "envs": ("rapo_agents.cli.envs", "list the registered environments, their tools and datasets"),
-    "rollout": ("rapo_agents.cli.rollout", "play episodes and write trajectories as JSONL"),
-    "eval": ("rapo_agents.cli.eval", "evaluate a policy on an env: accuracy or EM/F1, tool calls, tokens (resumable)"),
-    "buffer": ("rapo_agents.cli.buffer", "build, index and serve a step-trace buffer (POST /retrieve)"),
-    "train": ("rapo_agents.cli.train", "train a policy with RAPO (no arguments: the embedded CPU default)"),
-    "search": ("rapo_agents.cli.search", "build a knowledge-search index and serve it at POST /wikiSearch"),
+    "envs": ("rapo_cli.envs", "list the registered environments, their tools and datasets"),
+    "rollout": ("rapo_cli.rollout", "play episodes and write trajectories as JSONL"),
+    "eval": ("rapo_cli.eval", "evaluate a policy on an env: accuracy or EM/F1, tool calls, tokens (resumable)"),
+    "buffer": ("rapo_cli.buffer", "build, index and serve a step-trace buffer (POST /retrieve)"),
+    "train": ("rapo_cli.train", "train a policy with RAPO (no arguments: the embedded CPU default)"),
+    "search": ("rapo_cli.search", "build a knowledge-search index and serve it at POST /wikiSearch"),
 }
 
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from rapo_agents.cli import main
-from rapo_buffers.builder import BuildConfig, approximate_token_count, build_buffer_file, build_step_traces
+from rapo_cli import main
+from rapo_agents.buffer_build.builder import BuildConfig, approximate_token_count, build_buffer_file, build_step_traces
 from rapo_buffers.schema import read_buffer
 from rapo_env.trajectory import StepRecord, Trajectory, write_jsonl
 

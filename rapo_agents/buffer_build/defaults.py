@@ -29,12 +29,13 @@ import json
 import os
 from pathlib import Path
 
-from rapo_buffers.builder import BuildConfig, build_step_traces
+from rapo_agents.buffer_build.builder import BuildConfig, build_step_traces
 from rapo_buffers.candidates import Retriever
+from rapo_buffers.client import retriever_from_url
 from rapo_buffers.index import build_step_index
 from rapo_buffers.retriever import InProcessRetriever
 from rapo_buffers.schema import write_buffer
-from rapo_buffers.sources.scripted import ScriptedSourceConfig, scripted_expert_trajectories
+from rapo_agents.buffer_build.sources.scripted import ScriptedSourceConfig, scripted_expert_trajectories
 from rapo_env.tasks.procedural_math import SPLIT_SEEDS, ProceduralMath
 from rapo_tools.search.embedding import Embedder
 from rapo_tools.search.faiss_index import IndexConfig
@@ -134,8 +135,4 @@ def resolve_retriever(spec: str) -> Retriever:
     """
     if spec == "default":
         return default_retriever()
-    if spec.startswith(("http://", "https://")):
-        from rapo_buffers.client import RetrievalClient
-
-        return RetrievalClient(spec)
-    raise ValueError(f"unknown retriever {spec!r}: use 'default' or the URL of a /retrieve service")
+    return retriever_from_url(spec)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import re
 
-from rapo_buffers.sources.gsm8k import evaluate_arithmetic, gsm8k_trajectories, solution_turns
+from rapo_agents.buffer_build.sources.gsm8k import evaluate_arithmetic, gsm8k_trajectories, solution_turns
 from rapo_env.protocol import check_format, extract_boxed
 from rapo_tools.python_tool import PythonTool
 
