@@ -24,7 +24,8 @@ rollouts): the target is reset on the same task, then takes over the source's tr
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import numbers
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, SupportsFloat
 
 import gymnasium as gym
@@ -106,14 +107,21 @@ class ToolEnv(gym.Env[str, str]):
         """Start an episode. ``options``: ``task_index`` or ``task_id`` picks the question (else a
         random one); ``rollout_index`` is passed through to ``info`` for group-aware wrappers."""
         super().reset(seed=seed)
-        options = options or {}
+        options = {} if options is None else options
+        if not isinstance(options, Mapping):
+            raise TypeError(f"reset options must be a dict such as {{'task_index': 0}}, got {type(options).__name__} "
+                            f"{options!r}")
         if "task_id" in options:
             index_of = getattr(self.tasks, "index_of", None)
             if index_of is None:
                 raise ValueError("these tasks have no id lookup; pass options={'task_index': ...}")
             task_index = index_of(options["task_id"])
         elif "task_index" in options:
-            task_index = int(options["task_index"])
+            task_index = options["task_index"]
+            # int() would silently truncate 1.9 to 1 and pick another question than the caller meant.
+            if isinstance(task_index, bool) or not isinstance(task_index, numbers.Integral):
+                raise TypeError(f"task_index must be an integer, got {type(task_index).__name__} {task_index!r}")
+            task_index = int(task_index)
             if not 0 <= task_index < len(self.tasks):
                 raise IndexError(f"task_index {task_index} is outside 0..{len(self.tasks) - 1}")
         else:
