@@ -1,0 +1,93 @@
+"""The layers import one way (docs/architecture.md): a package never imports one above it, not even in a function.
+
+Bottom to top: rapo_tools, rapo_buffers, rapo_env, rapo_agents, rapo_cli. ``scripts/`` and ``benchmarks/`` are
+entry points: no package imports them. Every ``.py`` file is parsed, and every import statement in it (module level,
+inside functions, classes, ``try`` or ``if TYPE_CHECKING`` blocks) is checked, as are string imports through
+``importlib.import_module("...")`` and Gymnasium entry points (``"package.module:Class"``).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+LAYERS = ["rapo_tools", "rapo_buffers", "rapo_env", "rapo_agents", "rapo_cli"]
+"""Bottom to top."""
+ENTRY_POINTS = ["scripts", "benchmarks"]
+"""Folders that may import everything and that nothing imports."""
+RANK = {package: rank for rank, package in enumerate(LAYERS)} | {folder: len(LAYERS) for folder in ENTRY_POINTS}
+
+
+def imported_modules(source: str) -> list[tuple[int, str]]:
+    """(line, module) of every import in ``source``, at any depth, including string imports.
+
+    Example:
+        >>> imported_modules("def f():\\n    from rapo_env import core\\n")
+        [(2, 'rapo_env')]
+    """
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found.extend((node.lineno, alias.name) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.append((node.lineno, node.module))
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            text = node.value
+            # "package.module:attr" entry points and import_module("package.module") strings naming a layer.
+            head = text.split(":", 1)[0]
+            if head.split(".")[0] in RANK and head.replace(".", "").replace("_", "").isalnum() and (
+                    ":" in text or "." in head):
+                found.append((node.lineno, head))
+    return sorted(found)
+
+
+def back_arrows(package: str, root: Path = ROOT) -> list[str]:
+    """``file:line: module`` for each import in ``root/package`` of a layer above it (or of an entry point)."""
+    rank = RANK[package]
+    arrows = []
+    for path in sorted((root / package).rglob("*.py")):
+        for line, module in imported_modules(path.read_text(encoding="utf-8")):
+            top = module.split(".")[0]
+            if top in RANK and RANK[top] > rank or top in ENTRY_POINTS:
+                arrows.append(f"{path.relative_to(root)}:{line}: imports {module}")
+    return arrows
+
+
+@pytest.mark.parametrize("package", LAYERS)
+def test_no_layer_imports_a_layer_above_it(package):
+    assert back_arrows(package) == []
+
+
+def test_entry_points_are_imported_by_no_package():
+    for package in LAYERS:
+        for path in (ROOT / package).rglob("*.py"):
+            tops = {module.split(".")[0] for _, module in imported_modules(path.read_text(encoding="utf-8"))}
+            assert not tops & set(ENTRY_POINTS), path
+
+
+def test_the_rule_catches_function_local_and_string_imports(tmp_path):
+    """The checker itself: a lower layer importing a higher one inside a function, or by name, is reported."""
+    fake = tmp_path / "rapo_tools"
+    fake.mkdir()
+    (fake / "bad.py").write_text(
+        "import os\n"
+        "def helper():\n"
+        "    if True:\n"
+        "        from rapo_agents.trainer import RAPOTrainer\n"
+        "    return RAPOTrainer\n"
+        "class Late:\n"
+        "    def method(self):\n"
+        "        import rapo_env.core\n"
+        "ENTRY = 'rapo_cli.main:main'\n",
+        encoding="utf-8")
+    assert back_arrows("rapo_tools", root=tmp_path) == [
+        "rapo_tools/bad.py:4: imports rapo_agents.trainer", "rapo_tools/bad.py:8: imports rapo_env.core",
+        "rapo_tools/bad.py:9: imports rapo_cli.main"]
+
+
+def test_same_layer_and_lower_imports_are_allowed():
+    lines = imported_modules("from rapo_tools.base import Tool\nimport rapo_buffers.schema\n")
+    assert [module for _, module in lines] == ["rapo_tools.base", "rapo_buffers.schema"]
