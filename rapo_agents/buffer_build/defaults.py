@@ -26,7 +26,6 @@ import fcntl
 import functools
 import hashlib
 import json
-import os
 from pathlib import Path
 
 from rapo_agents.buffer_build.builder import BuildConfig, build_step_traces
@@ -37,17 +36,13 @@ from rapo_buffers.retriever import InProcessRetriever
 from rapo_buffers.schema import write_buffer
 from rapo_agents.buffer_build.sources.scripted import ScriptedSourceConfig, scripted_expert_trajectories
 from rapo_env.tasks.procedural_math import SPLIT_SEEDS, ProceduralMath
+from rapo_tools.cache import rapo_cache_dir
 from rapo_tools.search.embedding import Embedder
 from rapo_tools.search.faiss_index import IndexConfig
 
 FORMAT_VERSION = 1
 """Bumped when the buffer layout or the key normalisation changes, so stale caches are rebuilt."""
 CORPUS_FILE, INDEX_FILE, STATS_FILE = "buffer.jsonl", "buffer.index", "build.json"
-
-
-def cache_root() -> Path:
-    """Where rapo caches generated artefacts: ``$RAPO_CACHE_DIR`` or ``~/.cache/rapo``."""
-    return Path(os.environ.get("RAPO_CACHE_DIR") or Path.home() / ".cache" / "rapo")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,7 +74,7 @@ class DefaultBufferConfig(ScriptedSourceConfig):
 def default_buffer_dir(config: DefaultBufferConfig | None = None) -> Path:
     """The cache folder of the buffer with these settings."""
     config = config or DefaultBufferConfig()
-    return cache_root() / "step_traces" / f"scripted-{config.split}-{config.num_tasks}-{config.digest()}"
+    return rapo_cache_dir("step_traces") / f"scripted-{config.split}-{config.num_tasks}-{config.digest()}"
 
 
 def ensure_default_buffer(
@@ -124,7 +119,7 @@ def default_retriever(
     config: DefaultBufferConfig | None = None, show_progress: bool = True, embedder: Embedder | None = None
 ) -> InProcessRetriever:
     """The in-process retriever over the default buffer (one per process, setting and embedder)."""
-    return _cached_retriever(config or DefaultBufferConfig(), str(cache_root()), show_progress, embedder)
+    return _cached_retriever(config or DefaultBufferConfig(), str(rapo_cache_dir()), show_progress, embedder)
 
 
 def resolve_retriever(spec: str) -> Retriever:

@@ -44,11 +44,6 @@ from rapo_agents.policies.base import (
 )
 
 
-def cache_dir() -> Path:
-    """rapo's cache folder: ``$RAPO_CACHE_DIR`` or ``~/.cache/rapo``."""
-    return Path(os.environ.get("RAPO_CACHE_DIR", Path.home() / ".cache" / "rapo")).expanduser()
-
-
 def default_policy_path() -> str:
     """Folder of the embedded SmolLM2-135M-Instruct as safetensors, dequantizing the GGUF on first use.
 
@@ -56,10 +51,11 @@ def default_policy_path() -> str:
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from rapo_tools.cache import rapo_cache_dir
     from rapo_tools.models import default_policy_gguf
 
     gguf_dir, gguf_file = default_policy_gguf()
-    target = cache_dir() / "models" / Path(gguf_file).stem
+    target = rapo_cache_dir("models", Path(gguf_file).stem)
     if (target / "config.json").is_file():
         return str(target)
     target.parent.mkdir(parents=True, exist_ok=True)

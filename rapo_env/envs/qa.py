@@ -44,7 +44,8 @@ from rapo_env.tasks.hotpotqa import hotpotqa_passages, is_hotpotqa_file, load_ho
 from rapo_env.tasks.knowledge_base import KnowledgeBase, KnowledgeBaseConfig
 from rapo_tools.base import Tool
 from rapo_tools.python_tool import PythonTool
-from rapo_tools.search.cache import cached_corpus_index, rapo_cache_dir
+from rapo_tools.cache import rapo_cache_dir
+from rapo_tools.search.cache import cached_corpus_index
 from rapo_tools.search.embedding import Embedder
 from rapo_tools.search.tool import SearchTool, SearchToolConfig
 from rapo_tools.search.wiki_search import WikiSearch

@@ -40,7 +40,7 @@ from rapo_env.tasks.knowledge_base import KnowledgeBase, KnowledgeBaseConfig
 from rapo_env.tasks.web_datasets import WEB_DATASET_FILES, knowledge_base_site, load_web_dataset
 from rapo_env.envs.qa import shared_wiki_search
 from rapo_tools.base import Tool
-from rapo_tools.search.cache import rapo_cache_dir
+from rapo_tools.cache import rapo_cache_dir
 from rapo_tools.search.embedding import Embedder
 from rapo_tools.search.wiki_search import WikiSearch
 from rapo_tools.web.browse import BrowseConfig, BrowseTool

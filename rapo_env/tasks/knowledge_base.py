@@ -35,7 +35,8 @@ from pathlib import Path
 from typing import Any
 
 from rapo_env.tasks.base import Task, TaskList
-from rapo_tools.search.cache import cached_corpus_index, rapo_cache_dir
+from rapo_tools.cache import rapo_cache_dir
+from rapo_tools.search.cache import cached_corpus_index
 from rapo_tools.search.corpus import Passage
 
 GENERATOR_VERSION = 1

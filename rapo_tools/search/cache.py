@@ -1,6 +1,6 @@
 """Cached dense indexes of corpus files, built on first use under rapo's cache directory.
 
-The cache directory is ``$RAPO_CACHE_DIR`` when set, else ``~/.cache/rapo``. An index is
+The cache directory is `rapo_tools.cache.rapo_cache_dir` (``$RAPO_CACHE_DIR``, else ``~/.cache/rapo``). An index is
 keyed by the corpus file's size, modification time and path, the encoder and the index
 kind, so editing the corpus or switching models builds a fresh one.
 
@@ -24,17 +24,10 @@ import json
 import os
 from pathlib import Path
 
+from rapo_tools.cache import rapo_cache_dir
 from rapo_tools.search.embedding import DEFAULT_MODEL_NAME, Embedder
 from rapo_tools.search.faiss_index import IndexConfig, IndexFileError, load_sidecar
 from rapo_tools.search.wiki_search import build_corpus_index
-
-CACHE_ENV_VAR = "RAPO_CACHE_DIR"
-
-
-def rapo_cache_dir() -> Path:
-    """``$RAPO_CACHE_DIR``, or ``~/.cache/rapo``."""
-    return Path(os.environ.get(CACHE_ENV_VAR) or Path.home() / ".cache" / "rapo").expanduser()
-
 
 def cached_corpus_index(
     corpus_path: str | os.PathLike,
