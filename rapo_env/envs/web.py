@@ -158,6 +158,9 @@ class WebEnv(ToolEnv):
         **kwargs: Passed to `ToolEnv` (``max_tool_calls``, ``max_turns``, ``max_text_length``, ...).
     """
 
+    TOOLS = ("search", "browse", "python")
+    DATASETS = "offline (default, the knowledge base as a site) | SimpleQA | GAIA text | WebWalkerQA | deepsearch"
+
     def __init__(
         self,
         dataset: str | Path | Sequence[Task] = "offline",
