@@ -14,10 +14,11 @@ from __future__ import annotations
 import atexit
 import json
 import math
+import os
+import queue
 import select
 import subprocess
 import sys
-import threading
 
 from rapo_env.protocol import TOOL_TAGS, check_format
 from rapo_env.rewards import Score
@@ -39,12 +40,10 @@ def _as_number(text: str) -> float | None:
 
 
 class _VerifierProcess:
-    """One math-verify child process, restarted when it hangs or dies. Thread-safe."""
+    """One math-verify child process, restarted when it hangs or dies. Used by one thread at a time."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
         self._process: subprocess.Popen[str] | None = None
-        atexit.register(self.stop)
 
     def _ensure(self) -> subprocess.Popen[str]:
         if self._process is None or self._process.poll() is not None:
@@ -56,22 +55,21 @@ class _VerifierProcess:
 
     def equivalent(self, gold: str, prediction: str, timeout_s: float) -> bool:
         # Generous first-call allowance: the worker imports sympy before its first answer.
-        with self._lock:
-            fresh = self._process is None or self._process.poll() is not None
-            process = self._ensure()
-            assert process.stdin is not None and process.stdout is not None  # opened with PIPE above
-            try:
-                process.stdin.write(json.dumps({"gold": gold, "prediction": prediction,
-                                                "timeout": max(1, int(timeout_s))}) + "\n")
-                process.stdin.flush()
-                ready, _, _ = select.select([process.stdout], [], [], timeout_s + (30 if fresh else 1))
-                line = process.stdout.readline() if ready else ""
-            except (BrokenPipeError, OSError):
-                line = ""
-            if not line:
-                self.stop()  # hung or crashed: the next call starts a fresh worker
-                return False
-            return bool(json.loads(line).get("equivalent", False))
+        fresh = self._process is None or self._process.poll() is not None
+        process = self._ensure()
+        assert process.stdin is not None and process.stdout is not None  # opened with PIPE above
+        try:
+            process.stdin.write(json.dumps({"gold": gold, "prediction": prediction,
+                                            "timeout": max(1, int(timeout_s))}) + "\n")
+            process.stdin.flush()
+            ready, _, _ = select.select([process.stdout], [], [], timeout_s + (30 if fresh else 1))
+            line = process.stdout.readline() if ready else ""
+        except (BrokenPipeError, OSError):
+            line = ""
+        if not line:
+            self.stop()  # hung or crashed: the next call starts a fresh worker
+            return False
+        return bool(json.loads(line).get("equivalent", False))
 
     def stop(self) -> None:
         process, self._process = self._process, None
@@ -80,14 +78,74 @@ class _VerifierProcess:
             process.wait()
 
 
-_verifier = _VerifierProcess()
+def default_pool_size() -> int:
+    """``RAPO_VERIFY_WORKERS`` when set, else up to 4 workers (one per core): each holds sympy (~100 MB)."""
+    configured = os.environ.get("RAPO_VERIFY_WORKERS", "").strip()
+    if configured:
+        try:
+            size = int(configured)
+        except ValueError:
+            raise ValueError(f"RAPO_VERIFY_WORKERS must be a whole number, got {configured!r}") from None
+        if size < 1:
+            raise ValueError(f"RAPO_VERIFY_WORKERS must be at least 1, got {size}")
+        return size
+    return max(1, min(4, os.cpu_count() or 1))
+
+
+class VerifierPool:
+    """``size`` killable math-verify children; each check borrows one, so ``size`` checks run at once.
+
+    Every worker keeps the single-worker guarantee: a check that overruns its time limit kills that
+    worker (it restarts on its next use), so no expression can hang a step. Workers start on first
+    need; the most recently used one is lent first, so light loads stay on warm workers whose
+    math-verify caches already know the answer forms. Thread-safe; a forked child gets fresh workers.
+
+    Example:
+        >>> pool = VerifierPool(2)
+        >>> pool.equivalent("\\\\frac{1}{2}", "0.5", timeout_s=5.0)
+        True
+        >>> pool.stop()
+    """
+
+    def __init__(self, size: int) -> None:
+        if size < 1:
+            raise ValueError(f"a verifier pool needs at least one worker, got {size}")
+        self.size = size
+        self._reset()
+        os.register_at_fork(after_in_child=self._reset)
+
+    def _reset(self) -> None:
+        # After a fork the parent's workers and the queue's lock belong to the parent: start over, kill nothing.
+        self._idle: queue.LifoQueue[_VerifierProcess] = queue.LifoQueue()
+        self._all = [_VerifierProcess() for _ in range(self.size)]
+        for worker in self._all:
+            self._idle.put(worker)
+
+    def equivalent(self, gold: str, prediction: str, timeout_s: float) -> bool:
+        """Whether math-verify finds ``prediction`` equal to ``gold``; False when it errs or overruns."""
+        idle = self._idle
+        worker = idle.get()
+        try:
+            return worker.equivalent(gold, prediction, timeout_s)
+        finally:
+            idle.put(worker)
+
+    def stop(self) -> None:
+        """Kill every worker (they restart when used again)."""
+        for worker in self._all:
+            worker.stop()
+
+
+_verifier = VerifierPool(default_pool_size())
+atexit.register(_verifier.stop)
 
 
 def answers_equivalent(prediction: str, gold: str, timeout_s: float = 5.0) -> bool:
     """Whether two answers are mathematically equal (``0.5`` vs ``\\frac{1}{2}``), within ``timeout_s``.
 
     Plain numbers and identical strings are decided in-process; anything else goes to math-verify
-    in a child process that is killed if it overruns, so a pathological expression cannot hang a step.
+    in one of a pool of child processes (`VerifierPool`, ``RAPO_VERIFY_WORKERS`` of them), and a child
+    that overruns is killed, so a pathological expression cannot hang a step.
     """
     if normalize_answer(prediction) == normalize_answer(gold) and prediction.strip():
         return True
@@ -108,8 +166,9 @@ class MathVerifyReward:
         self.tool_tags, self.format_penalty, self.timeout_s = tool_tags, format_penalty, timeout_s
 
     def __call__(self, response: str, task: Task) -> Score:
-        if not check_format(response, self.tool_tags).ok:
-            return Score(self.format_penalty, {"format_ok": 0.0, "accuracy": 0.0})
+        check = check_format(response, self.tool_tags)
+        if not check.ok:
+            return Score(self.format_penalty, {"format_ok": 0.0, "accuracy": 0.0}, check.reason)
         prediction = final_answer(response) or ""
         correct = any(answers_equivalent(prediction, gold, self.timeout_s) for gold in task.answers)
         return Score(float(correct), {"format_ok": 1.0, "accuracy": float(correct)})

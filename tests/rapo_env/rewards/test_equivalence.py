@@ -1,0 +1,57 @@
+"""The math-verify worker pool: checks run side by side, and a hung worker is killed, never waited on."""
+
+import os
+import signal
+import threading
+
+import pytest
+
+from rapo_env.rewards.equivalence import VerifierPool, default_pool_size
+
+
+@pytest.fixture
+def pool():
+    verifiers = VerifierPool(2)
+    yield verifiers
+    verifiers.stop()
+
+
+def hang(pool: VerifierPool) -> int:
+    """Freeze the pool's warm worker (as an expression stuck in C code would) and return its pid."""
+    assert pool.equivalent("\\frac{1}{2}", "0.5", timeout_s=5.0)
+    stuck = next(worker._process for worker in pool._all if worker._process is not None)
+    os.kill(stuck.pid, signal.SIGSTOP)
+    return stuck.pid
+
+
+def test_a_hung_worker_does_not_hold_up_other_checks(pool):
+    hang(pool)
+    verdicts = []
+    blocked = threading.Thread(target=lambda: verdicts.append(pool.equivalent("x^2", "x \\cdot x", timeout_s=10.0)))
+    blocked.start()  # borrows the frozen worker (the warm one is lent first) and waits on it
+    while pool._idle.qsize() != 1:
+        threading.Event().wait(0.01)
+    assert pool.equivalent("\\sqrt{4}", "2", timeout_s=10.0)  # the other worker answers meanwhile
+    assert blocked.is_alive(), "the second check should not have waited for the hung one"
+    blocked.join()
+    assert verdicts == [False]
+
+
+def test_a_hung_worker_is_killed_and_replaced(pool):
+    pid = hang(pool)
+    assert pool.equivalent("\\frac{3}{4}", "0.75", timeout_s=1.0) is False  # timed out on the frozen worker
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)  # killed and reaped, not left behind
+    assert pool.equivalent("\\frac{3}{4}", "0.75", timeout_s=5.0)  # a fresh worker takes its place
+
+
+def test_pool_size_comes_from_the_environment(monkeypatch):
+    monkeypatch.setenv("RAPO_VERIFY_WORKERS", "3")
+    assert default_pool_size() == 3
+    monkeypatch.setenv("RAPO_VERIFY_WORKERS", "many")
+    with pytest.raises(ValueError, match="RAPO_VERIFY_WORKERS must be a whole number"):
+        default_pool_size()
+    monkeypatch.delenv("RAPO_VERIFY_WORKERS")
+    assert 1 <= default_pool_size() <= 4
+    with pytest.raises(ValueError, match="at least one worker"):
+        VerifierPool(0)
