@@ -3,7 +3,8 @@
 - `RolloutEngine` / `RolloutConfig` / `RolloutStats` (`rapo_agents.rollout.engine`): runs episodes and
   returns `rapo_env.trajectory.Trajectory` records (write them with `rapo_env.trajectory.write_jsonl`);
 - `collate_trajectories` (`rapo_agents.rollout.collate`): padded tensors for a trainer;
-- `paper_step_entropy` / `reference_step_entropy` (`rapo_agents.rollout.entropy`): spec §5.
+- `step_entropies` (`rapo_agents.rollout.entropy`): one step's spec §5 entropies, by `rapo_agents.rapo`'s
+  `step_entropy_paper` and `step_entropy_reference`.
 
 Example:
     >>> from rapo_agents.rollout import RolloutConfig
@@ -13,7 +14,7 @@ Example:
 
 from rapo_agents.rollout.collate import collate_trajectories
 from rapo_agents.rollout.engine import RolloutConfig, RolloutEngine, RolloutStats, derive_seed, make_env_factory
-from rapo_agents.rollout.entropy import paper_step_entropy, reference_step_entropy
+from rapo_agents.rollout.entropy import step_entropies
 
 __all__ = [
     "RolloutConfig",
@@ -22,6 +23,5 @@ __all__ = [
     "collate_trajectories",
     "derive_seed",
     "make_env_factory",
-    "paper_step_entropy",
-    "reference_step_entropy",
+    "step_entropies",
 ]

@@ -25,7 +25,7 @@ import dataclasses
 from typing import Any
 
 from rapo_agents.policies.base import Generation
-from rapo_agents.rollout.entropy import paper_step_entropy, reference_step_entropy
+from rapo_agents.rollout.entropy import step_entropies
 from rapo_env.trajectory import StepRecord
 
 
@@ -119,15 +119,18 @@ class EpisodeRecord:
         logprobs = generation.logprobs if generation.logprobs is not None else [0.0] * len(tokens)
         self.logprobs.extend(float(lp) for lp in logprobs[: len(tokens)])
         full_entropy = generation.entropies if generation.entropy_kind == "full" else None
+        entropy_paper, entropy_reference = step_entropies(
+            full_entropy[: len(tokens)] if full_entropy else None,
+            generation.top_logprobs[: len(tokens)] if generation.top_logprobs else None,
+            vocab_size,
+        )
         step = StepRecord(
             action=generation.text,
             observation="",
             token_start=start,
             token_end=len(self.token_ids),
-            entropy_paper=paper_step_entropy(full_entropy[: len(tokens)] if full_entropy else None),
-            entropy_reference=reference_step_entropy(
-                generation.top_logprobs[: len(tokens)] if generation.top_logprobs else None, vocab_size
-            ),
+            entropy_paper=entropy_paper,
+            entropy_reference=entropy_reference,
         )
         self.steps.append(step)
         return step
