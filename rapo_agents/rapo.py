@@ -71,12 +71,6 @@ class RAPOConfig:
     eps: float = EPS
     """Added to the group std (§6) and to ``H_pre`` in the relative entropy drop (§5)."""
 
-    reference_entropy_tokens: int = 20
-    """Reference estimator: how many leading tokens of a step are summed."""
-
-    reference_entropy_topk: int = 10
-    """Reference estimator: how many top log-probs per token enter the entropy."""
-
     def __post_init__(self) -> None:
         if self.fidelity not in ("paper", "reference"):
             raise ValueError(f"fidelity must be 'paper' or 'reference', got {self.fidelity!r}")
