@@ -163,6 +163,7 @@ class ToolEnv(gym.Env[str, str]):
         if terminated or truncated:
             score = self.reward_fn(self.transcript, self.task)
             reward, info["metrics"] = float(score.reward), dict(score.metrics)
+            info["format_error"] = info["format_error"] or score.format_error  # why a format penalty was given
             self._done = True
         info.update(tool_calls=self.tool_calls, turn=self.turn)
         return observation[: self.max_text_length], reward, terminated, truncated, info

@@ -98,17 +98,28 @@ def has_answer(text: str) -> bool:
     return ANSWER_OPEN in text
 
 
-def _balanced_braces(text: str, open_index: int) -> str | None:
+def closing_brace(text: str, start: int) -> int | None:
+    """Index of the ``}`` where the brace depth counted from ``start`` first returns to 0, or None.
+
+    Example:
+        >>> closing_brace("x{a{b}}c", 0)
+        6
+    """
     depth = 0
-    for index in range(open_index, len(text)):
+    for index in range(start, len(text)):
         char = text[index]
         if char == "{":
             depth += 1
         elif char == "}":
             depth -= 1
             if depth == 0:
-                return text[open_index + 1 : index]
+                return index
     return None
+
+
+def _balanced_braces(text: str, open_index: int) -> str | None:
+    close = closing_brace(text, open_index)
+    return None if close is None else text[open_index + 1 : close]
 
 
 def extract_boxed(text: str) -> str | None:
@@ -146,15 +157,24 @@ def format_result(text: str) -> str:
     return f" {RESULT_OPEN}\n{safe}\n{RESULT_CLOSE}"
 
 
-def strip_results(text: str) -> str:
-    """``text`` without its ``<result>...</result>`` blocks: what the policy itself wrote."""
-    pieces, position = [], 0
+def result_spans(text: str) -> list[tuple[int, int]]:
+    """``(start, end)`` of each complete ``<result>...</result>`` block of ``text``, in order."""
+    spans, position = [], 0
     while (start := text.find(RESULT_OPEN, position)) != -1:
         close = text.find(RESULT_CLOSE, start)
         if close == -1:
             break
-        pieces.append(text[position:start])
         position = close + len(RESULT_CLOSE)
+        spans.append((start, position))
+    return spans
+
+
+def strip_results(text: str) -> str:
+    """``text`` without its ``<result>...</result>`` blocks: what the policy itself wrote."""
+    pieces, position = [], 0
+    for start, end in result_spans(text):
+        pieces.append(text[position:start])
+        position = end
     pieces.append(text[position:])
     return "".join(pieces)
 
@@ -173,16 +193,18 @@ def check_format(response: str, tool_tags: Iterable[str] = TOOL_TAGS) -> FormatC
         return FormatCheck(False, "the response must contain exactly one <answer>...</answer>")
     if own.find(ANSWER_OPEN) > own.find(ANSWER_CLOSE):
         return FormatCheck(False, "</answer> comes before <answer>")
+    spans = result_spans(response)
     for tag in tool_tags:
         close_tag = f"</{tag}>"
         position = response.find(close_tag)
         while position != -1:
             after = position + len(close_tag)
-            next_text = after
-            while next_text < len(response) and response[next_text].isspace():
-                next_text += 1
-            if not response.startswith(RESULT_OPEN, next_text):
-                return FormatCheck(False, f"a <{tag}> call has no <result> after it")
+            if not any(start <= position < end for start, end in spans):  # a tag printed by a tool is not a call
+                next_text = after
+                while next_text < len(response) and response[next_text].isspace():
+                    next_text += 1
+                if not response.startswith(RESULT_OPEN, next_text):
+                    return FormatCheck(False, f"a <{tag}> call has no <result> after it")
             position = response.find(close_tag, after)
     if extract_boxed(extract_answer(own) or "") is None:
         return FormatCheck(False, "the answer has no \\boxed{...}")

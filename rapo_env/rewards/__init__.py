@@ -7,6 +7,8 @@ Example:
     >>> from rapo_env.rewards import Score
     >>> Score(reward=1.0, metrics={"accuracy": 1.0}).reward
     1.0
+    >>> Score(-1.0, {"format_ok": 0.0}, format_error="no <think>...</think>").format_error
+    'no <think>...</think>'
 """
 
 from __future__ import annotations
@@ -23,6 +25,9 @@ class Score:
 
     reward: float
     metrics: dict[str, float] = dataclasses.field(default_factory=dict)
+    format_error: str | None = None
+    """What was wrong with the format when the reward is a format penalty (the final step's
+    ``info["format_error"]``); None for a well-formed response."""
 
 
 class Reward(Protocol):

@@ -73,8 +73,9 @@ class LLMJudgeReward:
         return parse_verdict(reply)
 
     def __call__(self, response: str, task: Task) -> Score:
-        if not check_format(response, self.tool_tags).ok:
-            return Score(FORMAT_PENALTY, {"format_ok": 0.0, "judge": 0.0, "f1": 0.0, "em": 0.0})
+        check = check_format(response, self.tool_tags)
+        if not check.ok:
+            return Score(FORMAT_PENALTY, {"format_ok": 0.0, "judge": 0.0, "f1": 0.0, "em": 0.0}, check.reason)
         prediction = final_answer(response) or ""
         f1 = best_over_aliases(token_f1, prediction, task.answers)
         em = best_over_aliases(exact_match, prediction, task.answers)

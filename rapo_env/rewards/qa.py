@@ -6,8 +6,10 @@ same metrics (``em``, ``f1``, ``substring``, ``format_ok``), so runs with differ
 stay comparable; only ``reward`` differs:
 
 - ``"f1"``, ``"em"``, ``"substring"``: that metric (0 without an answer);
-- ``"reference"``: spec §2 (-1 for bad format, else F1, +0.1 when both ``<search>`` and
-  ``<python>`` were used).
+- ``"reference"``: the reference's ``compute_score`` (spec §2: -1 for bad format, else F1, +0.1
+  when both ``<search>`` and ``<python>`` were used), with its own stricter format check.
+
+A format penalty comes with ``Score.format_error``, which says what was wrong.
 
 Example:
     >>> from rapo_env.tasks.base import Task
@@ -15,8 +17,9 @@ Example:
     >>> score = QAReward("f1")("<answer>\\\\boxed{the city of Paris}</answer>", task)
     >>> score.reward, score.metrics["em"]
     (1.0, 1.0)
-    >>> QAReward("reference")("<answer>Paris</answer>", task).reward   # no \\boxed{}: bad format
-    -1.0
+    >>> score = QAReward("reference")("<think>easy</think><answer>Paris</answer>", task)  # no \\boxed{}
+    >>> score.reward, score.format_error
+    (-1.0, 'the answer has no \\\\boxed{...} (with braces)')
 """
 
 from __future__ import annotations
@@ -60,17 +63,18 @@ class QAReward:
 
     def __call__(self, response: str, task: Task) -> Score:
         prediction = final_answer(response)
+        check = check_format(response, self.tool_tags)
         metrics = {
             "em": best_over_aliases(exact_match, prediction, task.answers) if prediction else 0.0,
             "f1": best_over_aliases(token_f1, prediction, task.answers) if prediction else 0.0,
             "substring": best_over_aliases(substring_match, prediction, task.answers) if prediction else 0.0,
-            "format_ok": float(check_format(response, self.tool_tags).ok),
+            "format_ok": float(check.ok),
             "answered": float(prediction is not None),
         }
         if self.kind == "reference":
-            reward = reference_reward(response, task, self.tool_tags).reward
-        elif self.format_penalty is not None and not metrics["format_ok"]:
-            reward = self.format_penalty
-        else:
-            reward = metrics[self.kind]
-        return Score(float(reward), metrics)
+            # The reference's own format check decides here, so format_ok and format_error follow it.
+            score = reference_reward(response, task, self.tool_tags)
+            return Score(score.reward, metrics | {"format_ok": score.metrics["format_ok"]}, score.format_error)
+        if self.format_penalty is not None and not check.ok:
+            return Score(float(self.format_penalty), metrics, check.reason)
+        return Score(float(metrics[self.kind]), metrics)
