@@ -18,7 +18,7 @@ from rapo_tools.aio import run_sync
 from rapo_tools.base import BadToolInputError, Tool, ToolResult
 from rapo_tools.web.chat import ChatClient, ChatConfig
 from rapo_tools.web.extract import PageText, extract_page
-from rapo_tools.web.fetch import PageFetcher
+from rapo_tools.web.fetch import PageFetcher, Resolver, system_resolver
 from rapo_tools.web.summarize import PageSummarizer
 
 
@@ -49,11 +49,12 @@ class BrowseTool(Tool):
 
     Args:
         config: Limits and options (see `BrowseConfig`).
+        resolver: Host name -> addresses, for the address policy and the connection alike (the system's by default).
     """
 
     name = "browse"
 
-    def __init__(self, config: BrowseConfig | dict[str, Any] | None = None):
+    def __init__(self, config: BrowseConfig | dict[str, Any] | None = None, resolver: Resolver = system_resolver):
         if config is None:
             config = BrowseConfig()
         elif isinstance(config, dict):
@@ -68,6 +69,7 @@ class BrowseTool(Tool):
             config.max_redirects,
             config.allow_private,
             tuple(config.allowed_origins),
+            resolver,
         )
         self._summarizer = PageSummarizer(ChatClient(config.summarizer)) if config.summarizer is not None else None
 

@@ -5,6 +5,12 @@ address policy (a public page must not redirect the fetcher into the local
 network) and loops are caught. The body is streamed and cut at ``max_bytes``, so
 a 50 MB page costs at most ``max_bytes`` of memory.
 
+The address check happens where the connection is made (`CheckedNetworkBackend`): the host is
+resolved once, every address is checked, and the socket connects to a checked address while the
+request keeps the original Host header and TLS server name. Resolving twice (once to check, once to
+connect) would let a hostile DNS server answer a public address to the check and a loopback one to
+the connection (DNS rebinding).
+
 Example:
     >>> check_url("ftp://example.com/file")
     Traceback (most recent call last):
@@ -19,7 +25,9 @@ import dataclasses
 import ipaddress
 import socket
 import urllib.parse
+from collections.abc import Awaitable, Callable, Iterable
 
+import httpcore
 import httpx
 
 from rapo_tools.base import BadToolInputError, ServiceUnavailableError, ToolError, ToolTimeoutError
@@ -83,20 +91,71 @@ def origin_of(url: str) -> str:
     return f"{scheme}://{(parts.hostname or '').lower()}:{port}"
 
 
-async def check_address(host: str, port: int, allow_private: bool) -> None:
-    """Resolve ``host`` and refuse it when any of its addresses is internal and those are not allowed."""
-    if allow_private:
-        return
+Resolver = Callable[[str, int], Awaitable[list[str]]]
+"""An async ``(host, port) -> addresses`` function; tests inject one to play a hostile DNS server."""
+
+
+async def system_resolver(host: str, port: int) -> list[str]:
+    """The addresses the system resolver gives for ``host``."""
     try:
         infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except socket.gaierror as error:
         raise ServiceUnavailableError(f"cannot resolve the host {host!r}: {error}") from error
-    for info in infos:
-        if _is_internal(info[4][0]):
-            raise BlockedAddressError(
-                f"refusing to browse {host!r}: it resolves to the internal address {info[4][0]} "
-                "(private and loopback addresses are not allowed here)"
-            )
+    return list(dict.fromkeys(info[4][0] for info in infos))
+
+
+def _literal_address(host: str) -> str | None:
+    try:
+        return str(ipaddress.ip_address(host.strip("[]")))
+    except ValueError:
+        return None
+
+
+class CheckedNetworkBackend(httpcore.AsyncNetworkBackend):
+    """Opens connections only to addresses that pass the address policy, and to exactly those addresses.
+
+    Args:
+        resolver: Turns a host name into addresses (`system_resolver` by default).
+        allow_private: Allow internal addresses for every host.
+        allowed_endpoints: ``(host, port)`` pairs allowed even when internal.
+    """
+
+    def __init__(self, resolver: Resolver, allow_private: bool, allowed_endpoints: Iterable[tuple[str, int]]):
+        self.resolver = resolver
+        self.allow_private = allow_private
+        self.allowed_endpoints = frozenset(allowed_endpoints)
+        self._backend = httpcore.AnyIOBackend()
+
+    async def addresses(self, host: str, port: int) -> list[str]:
+        """The checked addresses of ``host``; raises `BlockedAddressError` when any of them is refused."""
+        literal = _literal_address(host)
+        addresses = [literal] if literal is not None else await self.resolver(host, port)
+        if not addresses:
+            raise ServiceUnavailableError(f"the host {host!r} has no address")
+        if self.allow_private or (host.lower(), port) in self.allowed_endpoints:
+            return addresses
+        for address in addresses:
+            if _is_internal(address):
+                raise BlockedAddressError(
+                    f"refusing to browse {host!r}: it resolves to the internal address {address} "
+                    "(private and loopback addresses are not allowed here)"
+                )
+        return addresses
+
+    async def connect_tcp(self, host, port, timeout=None, local_address=None, socket_options=None):
+        failure: Exception | None = None
+        for address in await self.addresses(host, port):
+            try:
+                return await self._backend.connect_tcp(address, port, timeout, local_address, socket_options)
+            except (httpcore.ConnectError, httpcore.ConnectTimeout) as error:
+                failure = error  # try the next checked address, as a resolver-driven connect would
+        raise failure
+
+    async def connect_unix_socket(self, path, timeout=None, socket_options=None):
+        raise BlockedAddressError("pages are fetched over TCP only")
+
+    async def sleep(self, seconds: float) -> None:
+        await self._backend.sleep(seconds)
 
 
 class PageFetcher:
@@ -109,6 +168,7 @@ class PageFetcher:
         allow_private: Allow private, loopback and link-local addresses (tests, local mirrors).
         allowed_origins: Origins (``http://127.0.0.1:8000``) allowed even when internal, e.g. the offline site,
             without opening the rest of the local network.
+        resolver: Host name -> addresses (`system_resolver` by default).
     """
 
     def __init__(
@@ -118,6 +178,7 @@ class PageFetcher:
         max_redirects: int = 5,
         allow_private: bool = False,
         allowed_origins: tuple[str, ...] = (),
+        resolver: Resolver = system_resolver,
     ):
         if max_bytes < 1 or timeout_s <= 0 or max_redirects < 0:
             raise ValueError("max_bytes and timeout_s must be positive and max_redirects >= 0")
@@ -126,6 +187,9 @@ class PageFetcher:
         self.max_redirects = max_redirects
         self.allow_private = allow_private
         self.allowed_origins = frozenset(origin_of(origin) for origin in allowed_origins)
+        endpoints = {(urllib.parse.urlsplit(origin).hostname, urllib.parse.urlsplit(origin).port)
+                     for origin in self.allowed_origins}
+        self._backend = CheckedNetworkBackend(resolver, allow_private, endpoints)
         self._client: httpx.AsyncClient | None = None
 
     async def fetch(self, url: str) -> FetchedPage:
@@ -140,9 +204,7 @@ class PageFetcher:
         client = self._ensure_client()
         seen: set[str] = set()
         for _ in range(self.max_redirects + 1):
-            parts = check_url(url)
-            allowed = self.allow_private or origin_of(url) in self.allowed_origins
-            await check_address(parts.hostname, parts.port or (443 if parts.scheme == "https" else 80), allowed)
+            check_url(url)  # the address policy is applied by the backend, at the moment it connects
             seen.add(url)
             try:
                 async with client.stream("GET", url) as response:
@@ -172,24 +234,26 @@ class PageFetcher:
                 truncated = len(body) > self.max_bytes or not response.is_stream_consumed
                 del body[self.max_bytes :]
                 break
-        content_type, _, params = response.headers.get("content-type", "").partition(";")
-        charset = None
-        for param in params.split(";"):
-            name, _, value = param.strip().partition("=")
-            if name.lower() == "charset" and value:
-                charset = value.strip("\"' ")
         return FetchedPage(
             url=url,
             status=response.status_code,
-            content_type=content_type.strip().lower(),
-            charset=charset,
+            content_type=response.headers.get("content-type", "").partition(";")[0].strip().lower(),
+            charset=response.charset_encoding,
             body=bytes(body),
             truncated=truncated,
         )
 
     def _ensure_client(self) -> httpx.AsyncClient:
         if self._client is None or self._client.is_closed:
+            transport = httpx.AsyncHTTPTransport()
+            # httpx has no network_backend option: give its transport a pool that connects through the checked
+            # backend (same TLS context, so the certificate is still verified against the URL's host name).
+            transport._pool = httpcore.AsyncConnectionPool(
+                ssl_context=transport._pool._ssl_context, network_backend=self._backend
+            )
             self._client = httpx.AsyncClient(
+                transport=transport,
+                trust_env=False,  # a proxy from the environment would connect to addresses nobody checked
                 follow_redirects=False,
                 timeout=self.timeout_s,
                 headers={
