@@ -387,6 +387,9 @@ def rapo_policy_loss(
 ) -> LossOutput:
     """RAPO's shaped, asymmetric- and dual-clipped policy loss, token-mean over policy tokens (§7).
 
+    Half-precision inputs are computed in float32 (the loss and statistics come back in float32;
+    gradients still reach a bf16 ``logp_new``).
+
     ``r = exp(logp_new - logp_old)``, ``r_hat = (1 + m F_ret) r``,
     ``L = -min(r_hat A, clip(r_hat, 1 - eps_low, 1 + eps_high) A)``, for ``A < 0``
     ``L = min(L, -c A)``, ``loss = sum(L * mask) / sum(mask)`` (+ ``kl_coef * k3`` - ``entropy_coef * H``).
@@ -420,9 +423,13 @@ def rapo_policy_loss(
         raise ValueError("kl_coef > 0 needs ref_logp")
     if config.entropy_coef > 0 and entropies is None:
         raise ValueError("entropy_coef > 0 needs entropies")
+    # bf16/fp16 inputs (verl, skrl) are computed in float32: a bf16 mask sum miscounts tokens past 256
+    # (192,064 counted as 192,512) and bf16 ratios lose the clip boundaries.
+    work = torch.promote_types(logp_new.dtype, torch.float32)
+    logp_new, logp_old, advantages, mask = (t.to(work) for t in (logp_new, logp_old, advantages, mask))
+    f_ret, ref_logp, entropies = (None if t is None else t.to(work) for t in (f_ret, ref_logp, entropies))
     if advantages.dim() == 1:
         advantages = advantages.unsqueeze(-1)
-    mask = mask.to(logp_new.dtype)
     normalizer = mask.sum().clamp(min=1.0) if token_normalizer is None else token_normalizer
 
     def token_mean(values: torch.Tensor) -> torch.Tensor:
@@ -431,7 +438,7 @@ def rapo_policy_loss(
     log_ratio = logp_new - logp_old
     ratio = torch.exp(log_ratio)
     if f_ret is not None:
-        ratio = (1.0 + config.shaping_weight * f_ret.to(ratio.dtype)).unsqueeze(-1) * ratio
+        ratio = (1.0 + config.shaping_weight * f_ret).unsqueeze(-1) * ratio
     unclipped = -advantages * ratio
     clipped = -advantages * torch.clamp(ratio, 1.0 - config.clip_ratio_low, 1.0 + config.clip_ratio_high)
     clip_loss = torch.maximum(unclipped, clipped)

@@ -328,7 +328,29 @@ def test_gradcheck_advantages_retrieval_reward_and_entropies():
 
 
 def test_functions_are_device_and_dtype_agnostic():
-    for dtype in (torch.float32, torch.float64, torch.bfloat16):
+    for dtype, loss_dtype in ((torch.float32, torch.float32), (torch.float64, torch.float64),
+                              (torch.bfloat16, torch.float32), (torch.float16, torch.float32)):
         logp = torch.zeros(2, 3, dtype=dtype)
         out = rapo_policy_loss(logp, logp, torch.ones(2, dtype=dtype), torch.ones(2, 3), torch.zeros(2, dtype=dtype))
-        assert out.loss.dtype == dtype
+        assert out.loss.dtype == loss_dtype
+
+
+def test_bf16_inputs_give_the_loss_of_the_same_values_in_float32():
+    # 192,064 policy tokens: a bf16 mask sum says 192,512 and the loss comes out 0.23% too small.
+    generator = torch.Generator().manual_seed(0)
+    rows, width = 8, 24_008
+    logp_old = (-2.0 * torch.rand(rows, width, generator=generator)).bfloat16()
+    logp_new = (logp_old.float() + 0.1 * torch.randn(rows, width, generator=generator)).bfloat16().requires_grad_()
+    advantages = torch.randn(rows, generator=generator).bfloat16()
+    f_ret = torch.rand(rows, generator=generator).bfloat16()
+    mask = torch.ones(rows, width, dtype=torch.bfloat16)
+    out16 = rapo_policy_loss(logp_new, logp_old, advantages, mask, f_ret)
+    logp32 = logp_new.detach().float().requires_grad_()
+    out32 = rapo_policy_loss(logp32, logp_old.float(), advantages.float(), mask.float(), f_ret.float())
+    assert out16.loss.item() == pytest.approx(out32.loss.item(), rel=1e-6)
+    for name in ("clip_fraction", "dual_clip_fraction", "approx_kl"):
+        assert getattr(out16, name).item() == pytest.approx(getattr(out32, name).item(), rel=1e-5, abs=1e-7)
+    out16.loss.backward()
+    out32.loss.backward()
+    assert logp_new.grad.dtype == torch.bfloat16
+    assert torch.allclose(logp_new.grad.float(), logp32.grad.bfloat16().float())
