@@ -9,13 +9,14 @@ tool turns into a clear failed observation.
 from __future__ import annotations
 
 import abc
+import dataclasses
 import os
 import urllib.parse
 from typing import Any, ClassVar
 
-from rapo_tools.base import ToolError
+from rapo_tools.base import ServiceUnavailableError, ToolError
 from rapo_tools.http_client import RetryingClient
-from rapo_tools.web.results import SearchResult
+from rapo_tools.web.results import SearchResult, clean_text
 
 
 class MissingApiKeyError(ToolError):
@@ -124,3 +125,106 @@ class KeyedJsonApi:
         client, self._client = self._client, None
         if client is not None:
             await client.aclose()
+
+
+@dataclasses.dataclass(frozen=True)
+class KeyedApi:
+    """Where a keyed search API lives and how it takes a key.
+
+    Example:
+        >>> KeyedApi("https://search.example/api", "EXAMPLE_KEY", key_header="X-Key", max_count=20).max_count
+        20
+    """
+
+    endpoint: str
+    """The default search URL."""
+    key_env: str
+    """The default environment variable holding the key."""
+    key_header: str
+    """The header that carries the key."""
+    max_count: int
+    """The API's largest page."""
+
+
+@dataclasses.dataclass(frozen=True)
+class HitLayout:
+    """Where a JSON answer keeps its hit list, and which keys of a hit hold the title, URL and snippet.
+
+    Example:
+        >>> layout = HitLayout(("web", "results"), title="title", url="url", snippet="description")
+        >>> layout.parse({"web": {"results": [{"title": "A", "url": "u", "description": "<b>x</b>"}, 7]}}, 5, "brave")
+        [SearchResult(title='A', url='u', snippet='x')]
+    """
+
+    hit_list: tuple[str, str]
+    """The two keys that lead to the hit list; an answer without it has no results."""
+    title: str
+    url: str
+    snippet: str
+
+    def parse(self, payload: Any, top_k: int, provider: str) -> list[SearchResult]:
+        """The first ``top_k`` hits of an answer; titles and snippets lose inline markup and entities.
+
+        Raises:
+            ServiceUnavailableError: when the answer is not a JSON object.
+        """
+        if not isinstance(payload, dict):
+            raise ServiceUnavailableError(
+                f"the {provider} endpoint answered {type(payload).__name__}, not a JSON object"
+            )
+        section = payload.get(self.hit_list[0]) or {}
+        values = section.get(self.hit_list[1]) if isinstance(section, dict) else None
+        if not isinstance(values, list):
+            return []
+        hits = [
+            SearchResult(
+                title=clean_text(item.get(self.title)), url=str(item.get(self.url) or ""),
+                snippet=clean_text(item.get(self.snippet)),
+            )
+            for item in values
+            if isinstance(item, dict)
+        ]
+        return hits[:top_k]
+
+
+class KeyedSearchProvider(SearchProvider):
+    """A search API reached with a key header that lists its hits in a JSON answer (Bing, Brave).
+
+    A subclass names its `KeyedApi` and its `HitLayout`; it may add query parameters.
+
+    Args:
+        endpoint: The search URL (default: the provider's own).
+        api_key_env: Environment variable holding the key (default: the provider's own).
+        timeout_s, retries, backoff_s: Per-attempt time limit and retry policy on 429/5xx.
+    """
+
+    api: ClassVar[KeyedApi]
+    layout: ClassVar[HitLayout]
+
+    def __init__(
+        self,
+        endpoint: str | None = None,
+        api_key_env: str | None = None,
+        timeout_s: float = 20.0,
+        retries: int = 3,
+        backoff_s: float = 0.5,
+    ):
+        self.endpoint = endpoint or self.api.endpoint
+        self._api = KeyedJsonApi(self.endpoint, self.api.key_header, api_key_env or self.api.key_env, self.name,
+                                 timeout_s, retries, backoff_s)
+
+    def query_params(self, query: str, count: int) -> dict[str, Any]:
+        """The GET parameters of one search."""
+        return {"q": query, "count": count}
+
+    @classmethod
+    def parse(cls, payload: Any, top_k: int) -> list[SearchResult]:
+        """The first ``top_k`` hits of an answer (see `HitLayout.parse`)."""
+        return cls.layout.parse(payload, top_k, cls.name)
+
+    async def search(self, query: str, top_k: int) -> list[SearchResult]:
+        payload = await self._api.get(self.query_params(query, min(top_k, self.api.max_count)))
+        return self.parse(payload, top_k)
+
+    async def aclose(self) -> None:
+        await self._api.aclose()

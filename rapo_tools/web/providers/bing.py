@@ -7,75 +7,35 @@ Example:
     >>> provider = BingProvider(endpoint="https://api.bing.microsoft.com/v7.0/search", api_key_env="BING_SEARCH_V7_KEY")
     >>> provider.name, provider.endpoint
     ('bing', 'https://api.bing.microsoft.com/v7.0/search')
+    >>> BingProvider.parse({"webPages": {"value": [{"name": "T", "url": "u", "snippet": "a &amp; b"}]}}, 10)
+    [SearchResult(title='T', url='u', snippet='a & b')]
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from rapo_tools.base import ServiceUnavailableError
-from rapo_tools.web.providers.base import KeyedJsonApi, SearchProvider
-from rapo_tools.web.results import SearchResult, clean_text
+from rapo_tools.web.providers.base import HitLayout, KeyedApi, KeyedSearchProvider
 
 BING_ENDPOINT = "https://api.bing.microsoft.com/v7.0/search"
 BING_KEY_ENV = "BING_SEARCH_V7_KEY"
-_BING_MAX_COUNT = 50  # the API's largest page
 
 
-def parse_bing(payload: Any, top_k: int) -> list[SearchResult]:
-    """Normalise a Bing v7 answer; an answer without ``webPages`` means no results."""
-    if not isinstance(payload, dict):
-        raise ServiceUnavailableError(f"the Bing endpoint answered {type(payload).__name__}, not a JSON object")
-    pages = payload.get("webPages") or {}
-    values = pages.get("value") if isinstance(pages, dict) else None
-    if not isinstance(values, list):
-        return []
-    results = []
-    for item in values:
-        if not isinstance(item, dict):
-            continue
-        results.append(
-            SearchResult(
-                title=clean_text(item.get("name")),
-                url=str(item.get("url") or ""),
-                snippet=clean_text(item.get("snippet")),
-            )
-        )
-    return results[:top_k]
-
-
-class BingProvider(SearchProvider):
-    """Bing Web Search v7.
+class BingProvider(KeyedSearchProvider):
+    """Bing Web Search v7; the key goes in ``Ocp-Apim-Subscription-Key`` (the other arguments: `KeyedSearchProvider`).
 
     Args:
-        endpoint: The search URL (Azure's, or a compatible mirror).
-        api_key_env: Environment variable holding the key, sent as ``Ocp-Apim-Subscription-Key``.
         market: Bing's ``mkt`` parameter (the reference uses ``en-US``).
-        timeout_s, retries, backoff_s: Per-attempt time limit and retry policy on 429/5xx.
     """
 
     name = "bing"
+    api = KeyedApi(BING_ENDPOINT, BING_KEY_ENV, key_header="Ocp-Apim-Subscription-Key", max_count=50)
+    layout = HitLayout(("webPages", "value"), title="name", url="url", snippet="snippet")
 
-    def __init__(
-        self,
-        endpoint: str = BING_ENDPOINT,
-        api_key_env: str = BING_KEY_ENV,
-        market: str = "en-US",
-        timeout_s: float = 20.0,
-        retries: int = 3,
-        backoff_s: float = 0.5,
-    ):
-        self.endpoint = endpoint
+    def __init__(self, endpoint: str | None = None, api_key_env: str | None = None, *, market: str = "en-US",
+                 **options: Any):
+        super().__init__(endpoint, api_key_env, **options)
         self.market = market
-        self._api = KeyedJsonApi(
-            endpoint, "Ocp-Apim-Subscription-Key", api_key_env, "bing", timeout_s, retries, backoff_s
-        )
 
-    async def search(self, query: str, top_k: int) -> list[SearchResult]:
-        payload = await self._api.get(
-            {"q": query, "count": min(top_k, _BING_MAX_COUNT), "mkt": self.market, "responseFilter": "Webpages"}
-        )
-        return parse_bing(payload, top_k)
-
-    async def aclose(self) -> None:
-        await self._api.aclose()
+    def query_params(self, query: str, count: int) -> dict[str, Any]:
+        return {"q": query, "count": count, "mkt": self.market, "responseFilter": "Webpages"}

@@ -1,68 +1,25 @@
 """Brave Search API: ``web.results[].title/url/description``.
 
+Its snippets carry ``<strong>`` highlights, which `HitLayout.parse` removes.
+
 Example:
     >>> BraveProvider().endpoint
     'https://api.search.brave.com/res/v1/web/search'
+    >>> BraveProvider.parse({"web": {"results": [{"title": "A", "url": "u", "description": "<strong>x</strong>"}]}}, 5)
+    [SearchResult(title='A', url='u', snippet='x')]
 """
 
 from __future__ import annotations
 
-from typing import Any
-
-from rapo_tools.base import ServiceUnavailableError
-from rapo_tools.web.providers.base import KeyedJsonApi, SearchProvider
-from rapo_tools.web.results import SearchResult, clean_text
+from rapo_tools.web.providers.base import HitLayout, KeyedApi, KeyedSearchProvider
 
 BRAVE_ENDPOINT = "https://api.search.brave.com/res/v1/web/search"
 BRAVE_KEY_ENV = "BRAVE_SEARCH_API_KEY"
-_BRAVE_MAX_COUNT = 20  # the API's largest page
 
 
-def parse_brave(payload: Any, top_k: int) -> list[SearchResult]:
-    """Normalise a Brave answer (its snippets carry ``<strong>`` highlights, which are removed)."""
-    if not isinstance(payload, dict):
-        raise ServiceUnavailableError(f"the Brave endpoint answered {type(payload).__name__}, not a JSON object")
-    web = payload.get("web") or {}
-    values = web.get("results") if isinstance(web, dict) else None
-    if not isinstance(values, list):
-        return []
-    results = [
-        SearchResult(
-            title=clean_text(item.get("title")),
-            url=str(item.get("url") or ""),
-            snippet=clean_text(item.get("description")),
-        )
-        for item in values
-        if isinstance(item, dict)
-    ]
-    return results[:top_k]
-
-
-class BraveProvider(SearchProvider):
-    """Brave Search.
-
-    Args:
-        endpoint: The web-search URL.
-        api_key_env: Environment variable holding the key, sent as ``X-Subscription-Token``.
-        timeout_s, retries, backoff_s: Per-attempt time limit and retry policy on 429/5xx.
-    """
+class BraveProvider(KeyedSearchProvider):
+    """Brave Search; the key goes in ``X-Subscription-Token`` (the arguments: `KeyedSearchProvider`)."""
 
     name = "brave"
-
-    def __init__(
-        self,
-        endpoint: str = BRAVE_ENDPOINT,
-        api_key_env: str = BRAVE_KEY_ENV,
-        timeout_s: float = 20.0,
-        retries: int = 3,
-        backoff_s: float = 0.5,
-    ):
-        self.endpoint = endpoint
-        self._api = KeyedJsonApi(endpoint, "X-Subscription-Token", api_key_env, "brave", timeout_s, retries, backoff_s)
-
-    async def search(self, query: str, top_k: int) -> list[SearchResult]:
-        payload = await self._api.get({"q": query, "count": min(top_k, _BRAVE_MAX_COUNT)})
-        return parse_brave(payload, top_k)
-
-    async def aclose(self) -> None:
-        await self._api.aclose()
+    api = KeyedApi(BRAVE_ENDPOINT, BRAVE_KEY_ENV, key_header="X-Subscription-Token", max_count=20)
+    layout = HitLayout(("web", "results"), title="title", url="url", snippet="description")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from rapo_tools.aio import run_sync
-from rapo_tools.web.providers.bing import parse_bing
+from rapo_tools.web.providers.bing import BingProvider
 from rapo_tools.web.search_tool import WebSearchConfig, WebSearchTool
 
 FAST_RETRIES = {"retries": 3, "backoff_s": 0.01, "timeout_s": 5.0}
@@ -118,11 +118,9 @@ def test_bad_queries_are_refused_with_a_reason(web_url, bing_key):
 
 
 def test_bing_parser_tolerates_odd_answers():
-    assert parse_bing({"_type": "SearchResponse"}, 10) == []
-    assert (
-        parse_bing({"webPages": {"value": [None, {"name": "T", "url": "u", "snippet": "a &amp; b"}]}}, 10)[0].snippet
-        == "a & b"
-    )
+    assert BingProvider.parse({"_type": "SearchResponse"}, 10) == []
+    [hit] = BingProvider.parse({"webPages": {"value": [None, {"name": "T", "url": "u", "snippet": "a &amp; b"}]}}, 10)
+    assert hit.snippet == "a & b"
 
 
 def test_config_rejects_unknown_provider():
