@@ -64,7 +64,7 @@ def measure_engine(backend: str, episodes: int, concurrency: int, **ray_options)
     """Episodes/s of the scripted workload on ``make_rollout_engine(backend, ...)``, after one warm-up group."""
     from rapo_agents.integrations.ray_rollout import make_rollout_engine
 
-    config = RolloutConfig(max_concurrent_episodes=concurrency, group_size=1)
+    config = RolloutConfig(max_concurrent_episodes=concurrency, rollout_n=1)
     started = time.perf_counter()
     with make_rollout_engine(backend, "RAPO-Math-v0", ScriptedPolicy(TURNS), config, ENV_KWARGS,
                              **ray_options) as engine:

@@ -39,16 +39,11 @@ import yaml
 
 from rapo_agents.rapo import RAPOConfig
 from rapo_agents.rollout.branching import ARPOConfig
+from rapo_agents.rollout.config import RolloutConfig
 
 
 class ConfigError(ValueError):
     """A config file or override that does not fit the settings."""
-
-
-ROLLOUT_BACKENDS = ("local", "ray")
-"""Values of ``rollout.backend``: where rollouts run."""
-POLICY_BACKENDS = ("hf", "vllm")
-"""Values of ``rollout.policy``: the model backend that generates."""
 
 
 @dataclasses.dataclass
@@ -85,34 +80,6 @@ class DataConfig:
     """Extra keyword arguments of ``gym.make(env_id, ...)`` (reward, sandbox, search service URL, ...)."""
     shuffle: bool = True
     """Visit the questions in a fresh seeded order every epoch."""
-
-
-@dataclasses.dataclass
-class RolloutConfig:
-    """How rollouts are generated."""
-
-    backend: str = "local"
-    """Where rollouts run: ``local`` (this process) or ``ray`` (rollout workers on a Ray cluster, see the ``ray``
-    section; weights are pushed to them after every update)."""
-    policy: str = "hf"
-    """The model backend that generates: ``hf`` (transformers; the CPU default, locally it shares the trainer's
-    model) or ``vllm`` (GPU, weights synced each step)."""
-    rollout_n: int = 4
-    """``ROLLOUT_N``: rollouts per question (the group size G of the advantages; the paper uses 16)."""
-    temperature: float = 1.0
-    """Sampling temperature of the rollouts (the reference uses 1.0)."""
-    top_p: float = 1.0
-    """Nucleus sampling of the rollouts."""
-    max_prompt_tokens: int = 512
-    """Longest prompt (chat template included); longer questions are truncated by the rollout engine."""
-    max_response_tokens: int = 256
-    """Token budget of everything after the prompt (policy turns, tool results, retrieved traces)."""
-    max_turn_tokens: int = 128
-    """Most tokens the policy writes in one turn."""
-    max_tool_calls: int = 3
-    """Tool calls per episode during training (the reference allows 3)."""
-    gpu_memory_utilization: float = 0.5
-    """vLLM only: share of GPU memory for the rollout engine (the rest serves training)."""
 
 
 @dataclasses.dataclass
@@ -242,8 +209,10 @@ class TrainConfig:
     """The policy model."""
     data: DataConfig = dataclasses.field(default_factory=DataConfig)
     """The training questions."""
-    rollout: RolloutConfig = dataclasses.field(default_factory=RolloutConfig)
-    """Rollout generation."""
+    rollout: RolloutConfig = dataclasses.field(default_factory=lambda: RolloutConfig(
+        rollout_n=4, max_prompt_tokens=512, max_response_tokens=256, max_turn_tokens=128))
+    """Rollout generation: the engine's own settings (every key documented in
+    ``rapo_agents.rollout.config.RolloutConfig``), with the embedded CPU job's group and budgets."""
     retrieval: RetrievalConfig = dataclasses.field(default_factory=RetrievalConfig)
     """Hybrid-policy rollouts."""
     arpo: ARPOConfig = dataclasses.field(default_factory=ARPOConfig)
@@ -274,8 +243,6 @@ class TrainConfig:
                 f"optim.train_batch_size ({optim.train_batch_size}) must be a multiple of "
                 f"optim.ppo_mini_batch_size ({optim.ppo_mini_batch_size})"
             )
-        if self.rollout.rollout_n < 1:
-            raise ConfigError(f"rollout.rollout_n must be >= 1, got {self.rollout.rollout_n}")
         if not 0.0 <= self.retrieval.retrieve_prob <= 1.0:
             raise ConfigError(f"retrieval.retrieve_prob must be in [0, 1], got {self.retrieval.retrieve_prob}")
         if self.retrieval.select not in ("auto", "most_similar", "max_reward"):
@@ -291,13 +258,6 @@ class TrainConfig:
             raise ConfigError("the warm-up clones the scripted expert, which solves only procedural math: "
                               "set warmup.sft_steps=0 for data.source=" + self.data.source)
         rollout = self.rollout
-        if rollout.backend in POLICY_BACKENDS:
-            raise ConfigError(f"rollout.backend now says where rollouts run (local or ray); the model backend moved "
-                              f"to rollout.policy: write rollout.policy={rollout.backend} (and drop rollout.backend)")
-        if rollout.backend not in ROLLOUT_BACKENDS:
-            raise ConfigError(f"rollout.backend must be local or ray, got {rollout.backend!r}")
-        if rollout.policy not in POLICY_BACKENDS:
-            raise ConfigError(f"rollout.policy must be hf or vllm, got {rollout.policy!r}")
         if self.ray.num_workers < 1 or self.ray.policy_placement not in ("workers", "actor"):
             raise ConfigError(f"ray needs num_workers >= 1 and policy_placement workers or actor, got {self.ray}")
         try:
@@ -389,7 +349,9 @@ def _coerce(value: Any, annotation: Any, where: str) -> Any:
     return value
 
 
-def _from_dict(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
+def _from_dict(cls: type, data: dict[str, Any], prefix: str = "", defaults: Any = None) -> Any:
+    """``cls`` with ``data`` over ``defaults`` (default ``cls()``); a nested section starts from its default in
+    the parent, since a parent may set one apart from its class (``TrainConfig.rollout``)."""
     types_by_name = _field_types(cls)
     unknown = [key for key in data if key not in types_by_name]
     if unknown:
@@ -397,9 +359,16 @@ def _from_dict(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
         described = ", ".join(
             f"{prefix}{key}" + (f" (did you mean {prefix}{hints[key][0]}?)" if hints[key] else "") for key in unknown)
         raise ConfigError(f"unknown setting(s): {described}")
-    values = {name: _coerce(value, types_by_name[name], prefix + name) for name, value in data.items()}
+    defaults = cls() if defaults is None else defaults
+    values = {}
+    for name, value in data.items():
+        annotation = types_by_name[name]
+        if dataclasses.is_dataclass(annotation) and isinstance(value, dict):
+            values[name] = _from_dict(annotation, value, f"{prefix}{name}.", getattr(defaults, name))
+        else:
+            values[name] = _coerce(value, annotation, prefix + name)
     try:
-        return cls(**values)
+        return dataclasses.replace(defaults, **values)
     except ConfigError:
         raise
     except (TypeError, ValueError) as error:

@@ -170,9 +170,9 @@ def evaluate(policy: Policy, config: EvalConfig) -> EvalReport:
         probe.close()
     metric = config.metric if config.metric != "auto" else ("math" if tools == ["python"] else "qa")
     rollout = RolloutConfig(
-        group_size=config.rollouts, max_prompt_tokens=config.max_prompt_tokens,
+        rollout_n=config.rollouts, max_prompt_tokens=config.max_prompt_tokens,
         max_response_tokens=config.max_response_tokens, temperature=config.temperature, top_p=config.top_p,
-        top_k=config.top_k, seed=config.seed,
+        top_k=config.top_k,
     )
     engine = RolloutEngine(config.env, policy, rollout, env_kwargs=_env_kwargs_with_limits(config, tools))
     output = Path(config.output) if config.output else None
@@ -199,7 +199,7 @@ def evaluate(policy: Policy, config: EvalConfig) -> EvalReport:
             bar.update(1)
 
         for start in range(0, len(todo), config.chunk_size):
-            engine.run(todo[start : start + config.chunk_size], on_trajectory=record)
+            engine.run(todo[start : start + config.chunk_size], seed=config.seed, on_trajectory=record)
         bar.close()
     finally:
         engine.close()

@@ -41,7 +41,7 @@ from rapo_agents.batch import TrainBatch, build_batch
 from rapo_agents.checkpoint import CheckpointManager, GracefulInterrupt, rng_state, set_rng_state
 from rapo_agents.config import TrainConfig
 from rapo_agents.metrics import MetricsLogger, plot_curves, read_metrics
-from rapo_agents.rollout import RolloutConfig, RolloutEngine, derive_seed, make_env_factory
+from rapo_agents.rollout import RolloutEngine, derive_seed, make_env_factory
 from rapo_agents.sampler import QuestionSampler
 from rapo_agents.update import UpdateSettings, ppo_update, recompute_logprobs
 from rapo_env.trajectory import Trajectory, write_jsonl
@@ -216,24 +216,21 @@ class RAPOTrainer:
         """The rollout engine, started on first use (again after `close`): local, or Ray workers holding the
         current weights."""
         if self._engine is None:
-            config, rollout = self.config, self.config.rollout
-            settings = RolloutConfig(
-                group_size=rollout.rollout_n, max_prompt_tokens=rollout.max_prompt_tokens,
-                max_response_tokens=rollout.max_response_tokens, max_turn_tokens=rollout.max_turn_tokens,
-                temperature=rollout.temperature, top_p=rollout.top_p, seed=config.seed, arpo=config.arpo,
-            )
+            config = self.config
             wrappers = [retrieval_wrapper(config, self.retriever)] if self.retriever is not None else []
             if self.on_ray:
                 from rapo_agents.integrations.ray_rollout import RayRolloutEngine
 
                 ray_config = config.ray
                 self._engine = RayRolloutEngine(
-                    self._env, self.policy, settings, self._env_kwargs, wrappers, num_workers=ray_config.num_workers,
+                    self._env, self.policy, config.rollout, self._env_kwargs, wrappers, arpo=config.arpo,
+                    num_workers=ray_config.num_workers,
                     worker_options={"num_cpus": ray_config.num_cpus_per_worker,
                                     "num_gpus": ray_config.num_gpus_per_worker})
                 self._engine.sync_weights(self.model)  # replicas start untrained
             else:
-                self._engine = RolloutEngine(self._env, self.policy, settings, self._env_kwargs, wrappers)
+                self._engine = RolloutEngine(self._env, self.policy, config.rollout, self._env_kwargs, wrappers,
+                                             arpo=config.arpo)
         return self._engine
 
     def _count_tasks(self) -> int:
@@ -326,6 +323,7 @@ class RAPOTrainer:
             "throughput/episodes_per_s": len(trajectories) / max(rollout_seconds, 1e-9),
             "rollout/branches": float(engine_stats.branches),
             "rollout/refills": float(engine_stats.refills),
+            "retrieval/skipped_splices": float(engine_stats.skipped_splices),
             "data/epoch": float(self.sampler.epoch),
         })
         return metrics

@@ -59,11 +59,11 @@ def _engine_rollouts(args: argparse.Namespace, env_kwargs: dict):
     from rapo_agents.rollout import RolloutConfig, RolloutEngine
 
     policy = policy_from_args(args)
-    config = RolloutConfig(group_size=args.rollouts_per_question, temperature=args.temperature, top_p=args.top_p,
-                           max_response_tokens=args.max_tokens, seed=args.seed, show_progress=True)
+    config = RolloutConfig(rollout_n=args.rollouts_per_question, temperature=args.temperature, top_p=args.top_p,
+                           max_response_tokens=args.max_tokens, show_progress=True)
     with RolloutEngine(args.env, policy, config, env_kwargs=env_kwargs) as engine:
         questions = [q % len(engine.tasks) for q in range(args.episodes)]
-        return engine.run(questions), getattr(policy, "name", args.policy)
+        return engine.run(questions, seed=args.seed), getattr(policy, "name", args.policy)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -19,7 +19,7 @@ Example (``"local"`` runs in this process; ``"ray"`` takes the same call after `
     >>> from rapo_agents.policies import ScriptedPolicy
     >>> from rapo_agents.rollout import RolloutConfig
     >>> policy = ScriptedPolicy(["<python>\\nprint(2 + 2)\\n</python>", "<answer>\\\\boxed{4}</answer>"])
-    >>> with make_rollout_engine("local", "RAPO-Math-v0", policy, RolloutConfig(group_size=2),
+    >>> with make_rollout_engine("local", "RAPO-Math-v0", policy, RolloutConfig(rollout_n=2),
     ...                          env_kwargs={"num_tasks": 4, "sandbox": "subprocess"}) as engine:
     ...     [(t.end_reason, t.num_tool_calls) for t in engine.run([0])]
     [('answer', 1), ('answer', 1)]
@@ -38,6 +38,7 @@ import torch
 
 from rapo_agents.policies.base import Generation, Policy, SamplingParams
 from rapo_agents.rollout import RolloutConfig, RolloutEngine, RolloutStats
+from rapo_agents.rollout.branching import ARPOConfig
 from rapo_env.trajectory import Trajectory
 
 BACKENDS = ("local", "ray")
@@ -141,9 +142,10 @@ class RolloutWorker:
         config: RolloutConfig,
         env_kwargs: dict[str, Any] | None,
         wrappers: Sequence[Callable[[gym.Env], gym.Env]],
+        arpo: ARPOConfig | None = None,
     ):
         self.engine = RolloutEngine(env, resolve_policy(policy), dataclasses.replace(config, show_progress=False),
-                                    env_kwargs, wrappers)
+                                    env_kwargs, wrappers, arpo=arpo)
 
     def run(self, task_indices: list[int], group_size: int, seed: int) -> tuple[list[Trajectory], dict[str, Any]]:
         trajectories = self.engine.run(task_indices, group_size=group_size, seed=seed)
@@ -160,7 +162,7 @@ class RayRolloutEngine:
     """`RolloutEngine`'s API over ``num_workers`` Ray actors; call it where ``ray.init`` has run.
 
     Args:
-        env, policy, config, env_kwargs, wrappers: as for `RolloutEngine` (``policy`` may also be a
+        env, policy, config, env_kwargs, wrappers, arpo: as for `RolloutEngine` (``policy`` may also be a
             factory or a `PolicyActor` handle). Everything is shipped to the workers, so it must
             pickle (Ray's cloudpickle handles lambdas and closures).
         num_workers: rollout actors.
@@ -174,6 +176,7 @@ class RayRolloutEngine:
         config: RolloutConfig | None = None,
         env_kwargs: dict[str, Any] | None = None,
         wrappers: Sequence[Callable[[gym.Env], gym.Env]] = (),
+        arpo: ARPOConfig | None = None,
         num_workers: int = 2,
         worker_options: dict[str, Any] | None = None,
     ):
@@ -185,22 +188,22 @@ class RayRolloutEngine:
         self.policy_actor = policy if isinstance(policy, ray.actor.ActorHandle) else None
         options = {"num_cpus": 1, **(worker_options or {})}
         actor = ray.remote(RolloutWorker).options(**options)
-        self.workers = [actor.remote(env, policy, self.config, env_kwargs, list(wrappers)) for _ in range(num_workers)]
+        self.workers = [actor.remote(env, policy, self.config, env_kwargs, list(wrappers), arpo)
+                        for _ in range(num_workers)]
         self.stats = RolloutStats()
 
     def run(
         self,
         task_indices: Sequence[int],
         group_size: int | None = None,
-        seed: int | None = None,
+        seed: int = 0,
         on_trajectory: Callable[[Trajectory], None] | None = None,
     ) -> list[Trajectory]:
         """Play ``group_size`` rollouts of each task on the workers; the result is in the local engine's order.
 
         ``on_trajectory`` is called for each trajectory as soon as the worker that ran it returns.
         """
-        group_size = group_size or self.config.group_size
-        seed = self.config.seed if seed is None else seed
+        group_size = group_size or self.config.rollout_n
         tasks = [int(q) for q in task_indices]
         started = time.perf_counter()
         shares = {w: list(range(w, len(tasks), len(self.workers))) for w in range(len(self.workers))}
@@ -261,6 +264,7 @@ def make_rollout_engine(
     config: RolloutConfig | None = None,
     env_kwargs: dict[str, Any] | None = None,
     wrappers: Sequence[Callable[[gym.Env], gym.Env]] = (),
+    arpo: ARPOConfig | None = None,
     **ray_options: Any,
 ) -> RolloutEngine | RayRolloutEngine:
     """The engine for ``rollout.backend``: ``local`` (`RolloutEngine`) or ``ray`` (`RayRolloutEngine`).
@@ -270,9 +274,9 @@ def make_rollout_engine(
     if backend == "local":
         if ray_options:
             raise ValueError(f"{sorted(ray_options)} only apply to the ray backend")
-        return RolloutEngine(env, resolve_policy(policy), config, env_kwargs, wrappers)
+        return RolloutEngine(env, resolve_policy(policy), config, env_kwargs, wrappers, arpo=arpo)
     if backend == "ray":
-        return RayRolloutEngine(env, policy, config, env_kwargs, wrappers, **ray_options)
+        return RayRolloutEngine(env, policy, config, env_kwargs, wrappers, arpo=arpo, **ray_options)
     raise ValueError(f"rollout backend must be one of {BACKENDS}, got {backend!r}")
 
 

@@ -15,9 +15,14 @@ policy turns, observations), ``loss_mask`` (1 only on policy tokens), ``logprobs
 (rollout log-probs, 0 off the mask), ``prompt_length``, per step ``token_start/end``,
 ``entropy_paper`` and ``entropy_reference`` (spec §5) and ``retrieval`` (the wrapper's
 info plus ``token_span``), and in ``extra``: ``task_index``, ``group_index``,
-``retrieval_tokens``, ``retrieval_token_spans``, ``prompt_truncated``, ``finish_reasons``.
+``retrieval_tokens``, ``retrieval_token_spans``, ``prompt_truncated``, ``skipped_splices``, ``finish_reasons``.
 ``end_reason`` is the env's (``answer``, ``tool_limit``, ``turn_limit``), ``length`` when
-the response token budget ran out, or ``policy_error``.
+the env's own text no longer fits the response token budget, or ``policy_error``. A retrieval
+splice that does not fit is skipped and the episode goes on (spec §4; `RolloutStats.skipped_splices`).
+
+Each episode's state lives in one `rapo_agents.rollout.episode.Episode`, which alone changes it; the
+engine's scheduler (`_Run`) only moves episodes between three queues: waiting to start, ready for the
+policy, and stepping their env in the thread pool.
 
 With ``config.arpo.initial_rollouts`` set, groups grow by ARPO's entropy-based branching
 (`rapo_agents.rollout.branching`): a branch continues a copy of its parent's env (`rapo_env.core.copy_episode`)
@@ -28,7 +33,7 @@ Example:
     >>> import gymnasium as gym, rapo_env
     >>> from rapo_agents.policies import ScriptedPolicy
     >>> policy = ScriptedPolicy(["<python>\\nprint(2 + 2)\\n</python>", "<answer>\\\\boxed{4}</answer>"])
-    >>> engine = RolloutEngine("RAPO-Math-v0", policy, RolloutConfig(group_size=2),
+    >>> engine = RolloutEngine("RAPO-Math-v0", policy, RolloutConfig(rollout_n=2),
     ...                        env_kwargs={"num_tasks": 3, "sandbox": "subprocess"})
     >>> trajectories = engine.run([0, 1])
     >>> [(t.task_id, t.rollout_index, t.num_tool_calls) for t in trajectories][:2]
@@ -49,65 +54,14 @@ import gymnasium as gym
 
 from rapo_agents.policies.base import Generation, Policy, SamplingParams
 from rapo_agents.rollout.branching import ARPOConfig, branch_count, initial_reserves, split_reserve
+from rapo_agents.rollout.config import RolloutConfig
 from rapo_agents.rollout.entropy import turn_entropy
-from rapo_agents.rollout.episode import EpisodeRecord
-from rapo_agents.scripted import split_spliced_text
+from rapo_agents.rollout.episode import Episode
 from rapo_env.core import copy_episode
 from rapo_env.protocol import closing_tags
 from rapo_env.trajectory import Trajectory
 
 EnvFactory = Callable[[], gym.Env]
-
-
-@dataclasses.dataclass
-class RolloutConfig:
-    """Settings of a rollout run."""
-
-    group_size: int = 1
-    """G: rollouts per question (``rollout_n``); rollout i is reset with ``rollout_index=i``."""
-    max_prompt_tokens: int = 1536
-    """Longest templated prompt; a longer user turn is cut from the left (its question end kept)."""
-    max_response_tokens: int = 4096
-    """Token budget of everything after the prompt (policy turns, tool results, spliced text)."""
-    max_turn_tokens: int | None = None
-    """Most tokens of one policy turn (None: the rest of the response budget)."""
-    temperature: float = 1.0
-    """Sampling temperature (0: greedy)."""
-    top_p: float = 1.0
-    """Nucleus sampling."""
-    top_k: int = 0
-    """Top-k sampling (0: off)."""
-    top_logprobs: int = 10
-    """Top log-probs kept per token for the reference entropy estimator (0: skip it)."""
-    stop: tuple[str, ...] | None = None
-    """Stop strings; None: the closing tags of the env's tools (``info["tools"]``) and ``</answer>``."""
-    seed: int = 0
-    """Seed of the run: env resets, retrieval draws and sampling derive from it per episode."""
-    max_concurrent_episodes: int = 64
-    """Episodes in flight at once (each holds one env of the pool)."""
-    tool_workers: int = 16
-    """Threads that run env steps (tool calls) concurrently."""
-    overlap: bool = True
-    """Generate for ready episodes while other episodes' tools still run (False: strict rounds)."""
-    batch_wait_s: float | None = None
-    """With ``overlap``, how long to wait for running tools to join a generation batch. None: adaptive,
-    half the mean duration of a generate call, so that slow generation (HF on CPU, where a batch of 8
-    costs about what a batch of 1 does) is not split into small batches, while fast generation is
-    not held up by slow tools."""
-    show_progress: bool = False
-    """Show a tqdm bar of finished episodes."""
-    arpo: ARPOConfig = dataclasses.field(default_factory=ARPOConfig)
-    """ARPO-style entropy-based branching of the groups (off by default)."""
-
-    def __post_init__(self) -> None:
-        for name in ("group_size", "max_prompt_tokens", "max_response_tokens", "max_concurrent_episodes",
-                     "tool_workers"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.max_turn_tokens is not None and self.max_turn_tokens < 1:
-            raise ValueError(f"max_turn_tokens must be >= 1 or None, got {self.max_turn_tokens}")
-        if self.batch_wait_s is not None and self.batch_wait_s < 0:
-            raise ValueError(f"batch_wait_s must be >= 0 or None, got {self.batch_wait_s}")
 
 
 @dataclasses.dataclass
@@ -129,6 +83,8 @@ class RolloutStats:
     """ARPO: rollouts that branched off another one after a tool result."""
     refills: int = 0
     """ARPO: rollouts started from the prompt because a rollout ended before its share of the group was used."""
+    skipped_splices: int = 0
+    """Retrieval splices left out because they did not fit the response budget (spec §4)."""
 
     @property
     def generation_share(self) -> float:
@@ -182,41 +138,16 @@ def derive_seed(*parts: int) -> int:
     return value & 0x7FFF_FFFF_FFFF_FFFF
 
 
-@dataclasses.dataclass
-class _Episode:
-    task_index: int
-    rollout_index: int
-    group_index: int
-    env: gym.Env | None = None
-    record: EpisodeRecord | None = None
-    reset_info: dict[str, Any] = dataclasses.field(default_factory=dict)
-    prompt: str = ""
-    question: str = ""
-    stop: tuple[str, ...] = ()
-    turn: int = 0
-    reward: float = 0.0
-    metrics: dict[str, float] = dataclasses.field(default_factory=dict)
-    num_tool_calls: int = 0
-    end_reason: str | None = None
-    finish_reasons: list[str] = dataclasses.field(default_factory=list)
-    error: str | None = None
-    reserve: list[int] = dataclasses.field(default_factory=list)
-    """ARPO: the group's slots this rollout may fill with branches (or, when it ends, with fresh rollouts)."""
-    initial_entropy: float | None = None
-    """ARPO: H_initial, the entropy of the rollout's first turn (a branch keeps its parent's)."""
-    branch_parent: int | None = None
-    branch_prefix_tokens: int | None = None
-
-
 class RolloutEngine:
     """Runs groups of rollouts of a policy in an env, token in, token out.
 
     Args:
         env: a registered env id or a factory returning a fresh env (wrappers included).
         policy: any `Policy`.
-        config: the run's settings.
+        config: the rollout settings (`RolloutConfig`).
         env_kwargs: ``gym.make`` keyword arguments (with an env id).
         wrappers: callables applied to each new env, e.g. ``lambda e: StepTraceRetrievalWrapper(e, retriever)``.
+        arpo: ARPO-style entropy-based branching of the groups (`ARPOConfig`; None or its default: off).
 
     Envs are pooled and reused across episodes and runs; `close` releases them.
     """
@@ -228,10 +159,12 @@ class RolloutEngine:
         config: RolloutConfig | None = None,
         env_kwargs: dict[str, Any] | None = None,
         wrappers: Sequence[Callable[[gym.Env], gym.Env]] = (),
+        arpo: ARPOConfig | None = None,
     ):
         self.env_factory = make_env_factory(env, env_kwargs, wrappers)
         self.policy = policy
         self.config = config or RolloutConfig()
+        self.arpo = arpo or ARPOConfig()
         self.tokenizer = policy.tokenizer
         self.vocab_size = int(getattr(policy, "vocab_size", None) or len(self.tokenizer))
         self.source = getattr(policy, "name", type(policy).__name__)
@@ -246,86 +179,32 @@ class RolloutEngine:
         self,
         task_indices: Sequence[int],
         group_size: int | None = None,
-        seed: int | None = None,
+        seed: int = 0,
         on_trajectory: Callable[[Trajectory], None] | None = None,
     ) -> list[Trajectory]:
         """Play ``group_size`` rollouts of each task; trajectories come back group by group, in order.
 
         Args:
             task_indices: indices into the env's task list (``reset(options={"task_index": q})``).
-            group_size: G (default ``config.group_size``).
-            seed: the run's seed (default ``config.seed``); a trainer passes one per step.
+            group_size: G (default ``config.rollout_n``).
+            seed: the run's seed: env resets, retrieval draws and sampling derive from it per episode
+                (a trainer passes one per step).
             on_trajectory: called with each trajectory as soon as its episode ends (e.g. to stream JSONL).
         """
-        group_size = group_size or self.config.group_size
-        seed = self.config.seed if seed is None else seed
-        arpo = self.config.arpo
-        if arpo.enabled(group_size):
-            reserves = initial_reserves(group_size, arpo.initial_rollouts)
-            episodes = [_Episode(int(q), i, g, reserve=list(reserve))
-                        for g, q in enumerate(task_indices) for i, reserve in enumerate(reserves)]
-        else:
-            episodes = [_Episode(int(q), i, g) for g, q in enumerate(task_indices) for i in range(group_size)]
-        self.stats = stats = RolloutStats(episodes=len(task_indices) * group_size)
+        group_size = group_size or self.config.rollout_n
+        self.stats = RolloutStats(episodes=len(task_indices) * group_size)
+        run = _Run(self, self._first_episodes(task_indices, group_size), seed, on_trajectory)
         started = time.perf_counter()
-        pending = list(reversed(episodes))
-        ready: list[_Episode] = []
-        stepping: dict[cf.Future, _Episode] = {}
-        progress = _progress(len(episodes), self.config.show_progress)
-        pool = self._executor()
-
-        def finish(episode: _Episode) -> None:
-            self._release(episode)
-            progress.update(1)
-            if on_trajectory is not None:
-                on_trajectory(self._to_trajectory(episode))
-            if episode.reserve:  # ARPO: the slots it did not branch into start afresh from the prompt
-                refill = _Episode(episode.task_index, episode.reserve[0], episode.group_index,
-                                  reserve=episode.reserve[1:])
-                episodes.append(refill)
-                pending.append(refill)
-                stats.refills += 1
-
         try:
-            while pending or ready or stepping:
-                while pending and len(ready) + len(stepping) < self.config.max_concurrent_episodes:
-                    episode = pending.pop()
-                    self._start(episode, seed)
-                    ready.append(episode)
-                if stepping:
-                    if self.config.overlap and ready:  # let fast tools join this batch, not slow ones
-                        timeout, when = self._batch_wait(), cf.ALL_COMPLETED
-                    elif self.config.overlap:
-                        timeout, when = None, cf.FIRST_COMPLETED
-                    else:  # strict rounds: every tool of the round first
-                        timeout, when = None, cf.ALL_COMPLETED
-                    wait_from = time.perf_counter()
-                    done, _ = cf.wait(list(stepping), timeout=timeout, return_when=when)
-                    stats.wait_s += time.perf_counter() - wait_from
-                    for future in done:
-                        episode = stepping.pop(future)
-                        self._after_step(episode, *future.result())
-                        if episode.end_reason:
-                            finish(episode)
-                        else:
-                            ready.append(episode)
-                if ready and (self.config.overlap or not stepping):
-                    batch, ready = ready, []
-                    for episode, generation in zip(batch, self._generate(batch, seed), strict=True):
-                        branches = self._branch(episode, generation, seed)
-                        episodes.extend(branches)
-                        ready.extend(branches)
-                        if self._after_generation(episode, generation):
-                            finish(episode)
-                        else:
-                            stepping[pool.submit(self._step_env, episode, generation.text)] = episode
+            while run.active:
+                run.start_waiting()
+                run.collect_env_steps()
+                if run.may_generate():
+                    run.generate()
         finally:
-            progress.close()
-            for future in stepping:
-                future.cancel()
-            stats.wall_s = time.perf_counter() - started
-        episodes.sort(key=lambda episode: (episode.group_index, episode.rollout_index))
-        return [self._to_trajectory(episode) for episode in episodes]
+            run.close()
+            self.stats.wall_s = time.perf_counter() - started
+        return run.trajectories()
 
     def sync_weights(self, source: Any) -> bool:
         """Bring the policy up to date with ``source`` (a module or a state dict); False when it has nothing to
@@ -361,7 +240,15 @@ class RolloutEngine:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    # ---- episode lifecycle -----------------------------------------------------------------------------
+    # ---- episodes --------------------------------------------------------------------------------------
+
+    def _first_episodes(self, task_indices: Sequence[int], group_size: int) -> list[Episode]:
+        """The episodes that start from the prompt: G per task, or ARPO's M per task with their reserves."""
+        if self.arpo.enabled(group_size):
+            reserves = initial_reserves(group_size, self.arpo.initial_rollouts)
+            return [Episode(int(q), i, g, reserve=list(reserve))
+                    for g, q in enumerate(task_indices) for i, reserve in enumerate(reserves)]
+        return [Episode(int(q), i, g) for g, q in enumerate(task_indices) for i in range(group_size)]
 
     def _executor(self) -> cf.ThreadPoolExecutor:
         if self._pool is None:
@@ -375,44 +262,41 @@ class RolloutEngine:
         self._all_envs.append(env)
         return env
 
-    def _release(self, episode: _Episode) -> None:
+    def _release(self, episode: Episode) -> None:
         if episode.env is not None:
             self._free_envs.append(episode.env)
             episode.env = None
 
-    def _start(self, episode: _Episode, seed: int, parent: _Episode | None = None) -> None:
+    def _start(self, episode: Episode, seed: int, parent: Episode | None = None) -> None:
         """Reset a pooled env for ``episode``; a branch then continues its ``parent``'s episode and token record."""
         episode.env = env = self._acquire_env()
         prompt, info = env.reset(
             seed=derive_seed(seed, episode.task_index, episode.rollout_index),
             options={"task_index": episode.task_index, "rollout_index": episode.rollout_index},
         )
-        episode.prompt, episode.reset_info = prompt, info
         task = getattr(env.unwrapped, "task", None)
-        episode.question = getattr(task, "question", prompt)
-        episode.stop = self.config.stop if self.config.stop is not None else tuple(
-            closing_tags(info.get("tools", ())))
         if parent is not None:
             copy_episode(parent.env, env)
-            episode.record = parent.record.fork()
-            episode.turn, episode.reward, episode.num_tool_calls = parent.turn, parent.reward, parent.num_tool_calls
-            episode.finish_reasons = list(parent.finish_reasons)
-            episode.initial_entropy = parent.initial_entropy
-            episode.branch_parent, episode.branch_prefix_tokens = parent.rollout_index, len(parent.record.token_ids)
+            episode.prompt, episode.reset_info = prompt, dict(info)
+            episode.question = getattr(task, "question", prompt)
+            episode.continue_from(parent)
             return
-        episode.record = EpisodeRecord.start(
-            self.tokenizer, info.get("system_prompt", ""), prompt,
-            self.config.max_prompt_tokens, self.config.max_response_tokens,
-        )
+        episode.begin(prompt, info, self.tokenizer, self.config.max_prompt_tokens, self.config.max_response_tokens,
+                      question=getattr(task, "question", prompt))
 
-    def _branch(self, episode: _Episode, generation: Generation, seed: int) -> list[_Episode]:
+    def _stop_strings(self, episode: Episode) -> list[str]:
+        if self.config.stop is not None:
+            return list(self.config.stop)
+        return list(closing_tags(episode.reset_info.get("tools", ())))
+
+    def _branch(self, episode: Episode, generation: Generation, seed: int) -> list[Episode]:
         """ARPO: measure the turn just generated; after a tool result, branch the rollout as its entropy says.
 
         The branches continue from the tool result (before this turn), each sampling the turn afresh.
         """
-        if generation.finish_reason == "error" or self.config.arpo.initial_rollouts is None:
+        arpo = self.arpo
+        if generation.finish_reason == "error" or arpo.initial_rollouts is None:
             return []
-        arpo = self.config.arpo
         entropy = turn_entropy(generation.top_logprobs, generation.entropies if generation.entropy_kind == "full"
                                else None, self.vocab_size, arpo.entropy_tokens)
         if not episode.record.steps:  # the first turn: H_initial
@@ -429,7 +313,7 @@ class RolloutEngine:
         episode.reserve, children = split_reserve(episode.reserve, count)
         branches = []
         for rollout_index, reserve in children:
-            branch = _Episode(episode.task_index, rollout_index, episode.group_index, reserve=reserve)
+            branch = Episode(episode.task_index, rollout_index, episode.group_index, reserve=reserve)
             self._start(branch, seed, parent=episode)
             branches.append(branch)
         self.stats.branches += len(branches)
@@ -441,7 +325,7 @@ class RolloutEngine:
         calls = self.stats.generate_calls
         return 0.5 * self.stats.generate_s / calls if calls else 0.0
 
-    def _generate(self, batch: list[_Episode], seed: int) -> list[Generation]:
+    def _generate(self, batch: list[Episode], seed: int) -> list[Generation]:
         config = self.config
         contexts, params = [], []
         for episode in batch:
@@ -450,7 +334,7 @@ class RolloutEngine:
             params.append(SamplingParams(
                 temperature=config.temperature, top_p=config.top_p, top_k=config.top_k,
                 max_new_tokens=min(remaining, config.max_turn_tokens or remaining),
-                stop=episode.stop, top_logprobs=config.top_logprobs,
+                stop=self._stop_strings(episode), top_logprobs=config.top_logprobs,
                 seed=derive_seed(seed, episode.task_index, episode.rollout_index, episode.turn),
             ))
         started = time.perf_counter()
@@ -460,18 +344,8 @@ class RolloutEngine:
         self.stats.generated_tokens += sum(g.num_tokens for g in generations)
         return generations
 
-    def _after_generation(self, episode: _Episode, generation: Generation) -> bool:
-        """Record a policy turn; True when the episode ends without an env step (a policy failure)."""
-        episode.turn += 1
-        episode.finish_reasons.append(generation.finish_reason)
-        if generation.finish_reason == "error":
-            episode.end_reason, episode.error = "policy_error", generation.error
-            return True
-        episode.record.add_generation(generation, self.vocab_size)
-        return False
-
     @staticmethod
-    def _step_env(episode: _Episode, action: str) -> tuple[Any, ...]:
+    def _step_env(episode: Episode, action: str) -> tuple[Any, ...]:
         started = time.perf_counter()
         try:
             result = episode.env.step(action)
@@ -480,71 +354,102 @@ class RolloutEngine:
             result = ("", 0.0, False, True, failure)
         return (*result, time.perf_counter() - started)
 
-    def _after_step(self, episode: _Episode, observation: str, reward: float, terminated: bool, truncated: bool,
+    def _after_step(self, episode: Episode, observation: str, reward: float, terminated: bool, truncated: bool,
                     info: dict[str, Any], seconds: float) -> None:
         self.stats.env_step_s += seconds
-        record = episode.record
-        step = record.steps[-1]
-        retrieval = info.get("retrieval")
-        retrieval = dict(retrieval) if retrieval else None
-        step.observation = split_spliced_text(observation, info)
-        step.tool, step.tool_ok, step.retrieval = info.get("tool"), info.get("tool_ok"), retrieval
         if info.get("tool") is not None and info.get("tool_error") != "tool_limit":
             self.stats.tool_calls += 1
-        episode.num_tool_calls = int(info.get("tool_calls", episode.num_tool_calls))
-        episode.reward += float(reward)
-        if terminated or truncated:
-            episode.end_reason = info.get("episode_end", "answer" if terminated else "truncated")
-            if "env_error" in info:
-                episode.error = info["env_error"]
-            episode.metrics = dict(info.get("metrics", {}))
-            return
-        if not record.add_observation(observation, retrieval) or record.remaining <= 0:
-            episode.end_reason = "length"
-            self._score_cut_episode(episode)
+        skipped = episode.record.skipped_splices
+        episode.add_step(observation, reward, terminated, truncated, info)
+        self.stats.skipped_splices += episode.record.skipped_splices - skipped
 
-    @staticmethod
-    def _score_cut_episode(episode: _Episode) -> None:
-        """Score an episode the token budget cut, with the env's own reward function when it has one."""
-        base = episode.env.unwrapped
-        reward_fn, task = getattr(base, "reward_fn", None), getattr(base, "task", None)
-        if reward_fn is None or task is None:
-            return
-        score = reward_fn(getattr(base, "transcript", ""), task)
-        episode.reward += float(score.reward)
-        episode.metrics = dict(score.metrics)
 
-    def _to_trajectory(self, episode: _Episode) -> Trajectory:
-        record = episode.record
-        info = episode.reset_info
-        return Trajectory(
-            task_id=str(info.get("task_id", episode.task_index)),
-            rollout_index=episode.rollout_index,
-            question=episode.question,
-            system_prompt=info.get("system_prompt", ""),
-            prompt=episode.prompt,
-            steps=list(record.steps) if record else [],
-            reward=episode.reward,
-            metrics=episode.metrics,
-            num_tool_calls=episode.num_tool_calls,
-            end_reason=episode.end_reason or "unfinished",
-            source=self.source,
-            token_ids=list(record.token_ids) if record else None,
-            loss_mask=list(record.loss_mask) if record else None,
-            logprobs=list(record.logprobs) if record else None,
-            prompt_length=record.prompt_length if record else None,
-            extra={
-                "task_index": episode.task_index,
-                "group_index": episode.group_index,
-                "retrieval_tokens": record.retrieval_tokens if record else 0,
-                "retrieval_token_spans": list(record.retrieval_token_spans) if record else [],
-                "prompt_truncated": record.prompt_truncated if record else False,
-                "finish_reasons": list(episode.finish_reasons),
-                **({"error": episode.error} if episode.error else {}),
-                **({"branch_parent": episode.branch_parent, "branch_prefix_tokens": episode.branch_prefix_tokens}
-                   if episode.branch_parent is not None else {}),
-            },
-        )
+class _Run:
+    """The scheduler of one `RolloutEngine.run`: episodes move from ``waiting`` (not started) to ``ready``
+    (their turn to generate) to ``stepping`` (their env step runs in the thread pool) and back to ``ready``,
+    until they end. The episodes' own state changes only inside `Episode`."""
+
+    def __init__(self, engine: RolloutEngine, episodes: list[Episode], seed: int,
+                 on_trajectory: Callable[[Trajectory], None] | None):
+        self.engine, self.config, self.seed, self.on_trajectory = engine, engine.config, seed, on_trajectory
+        self.episodes = list(episodes)
+        self.waiting = list(reversed(episodes))
+        self.ready: list[Episode] = []
+        self.stepping: dict[cf.Future, Episode] = {}
+        self.progress = _progress(engine.stats.episodes, self.config.show_progress)
+        self.pool = engine._executor()
+
+    @property
+    def active(self) -> bool:
+        return bool(self.waiting or self.ready or self.stepping)
+
+    def start_waiting(self) -> None:
+        """Start waiting episodes while fewer than ``max_concurrent_episodes`` are in flight."""
+        while self.waiting and len(self.ready) + len(self.stepping) < self.config.max_concurrent_episodes:
+            episode = self.waiting.pop()
+            self.engine._start(episode, self.seed)
+            self.ready.append(episode)
+
+    def collect_env_steps(self) -> None:
+        """Take the results of finished env steps: with ``overlap``, the fast ones while others are ready to
+        generate (or the first one when none is); without it, every step of the round."""
+        if not self.stepping:
+            return
+        if self.config.overlap and self.ready:  # let fast tools join this batch, not slow ones
+            timeout, when = self.engine._batch_wait(), cf.ALL_COMPLETED
+        elif self.config.overlap:
+            timeout, when = None, cf.FIRST_COMPLETED
+        else:  # strict rounds: every tool of the round first
+            timeout, when = None, cf.ALL_COMPLETED
+        wait_from = time.perf_counter()
+        done, _ = cf.wait(list(self.stepping), timeout=timeout, return_when=when)
+        self.engine.stats.wait_s += time.perf_counter() - wait_from
+        for future in done:
+            episode = self.stepping.pop(future)
+            self.engine._after_step(episode, *future.result())
+            self._continue(episode)
+
+    def may_generate(self) -> bool:
+        return bool(self.ready) and (self.config.overlap or not self.stepping)
+
+    def generate(self) -> None:
+        """One batched generation over the ready episodes; each then steps its env (or ends, or branches)."""
+        batch, self.ready = self.ready, []
+        for episode, generation in zip(batch, self.engine._generate(batch, self.seed), strict=True):
+            branches = self.engine._branch(episode, generation, self.seed)
+            self.episodes.extend(branches)
+            self.ready.extend(branches)
+            if episode.add_generation(generation, self.engine.vocab_size):
+                self.stepping[self.pool.submit(self.engine._step_env, episode, generation.text)] = episode
+            else:
+                self._finish(episode)
+
+    def _continue(self, episode: Episode) -> None:
+        if episode.done:
+            self._finish(episode)
+        else:
+            self.ready.append(episode)
+
+    def _finish(self, episode: Episode) -> None:
+        self.engine._release(episode)
+        self.progress.update(1)
+        if self.on_trajectory is not None:
+            self.on_trajectory(episode.to_trajectory(self.engine.source))
+        if episode.reserve:  # ARPO: the slots it did not branch into start afresh from the prompt
+            refill = Episode(episode.task_index, episode.reserve[0], episode.group_index, reserve=episode.reserve[1:])
+            self.episodes.append(refill)
+            self.waiting.append(refill)
+            self.engine.stats.refills += 1
+
+    def close(self) -> None:
+        self.progress.close()
+        for future in self.stepping:
+            future.cancel()
+
+    def trajectories(self) -> list[Trajectory]:
+        """Every episode's trajectory, group by group, by rollout index."""
+        ordered = sorted(self.episodes, key=lambda episode: (episode.group_index, episode.rollout_index))
+        return [episode.to_trajectory(self.engine.source) for episode in ordered]
 
 
 _BRANCH = 0xB4A2C

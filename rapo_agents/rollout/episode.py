@@ -1,11 +1,18 @@
-"""The token-level record of one episode while it runs (token in, token out).
+"""One episode while it runs (token in, token out): `Episode` (its state) and `EpisodeRecord` (its tokens).
+
+`Episode` is the single owner of a running episode's state: who it is (task, rollout, group), its env,
+its token record and its outcome (reward, end reason, tool calls). It changes only through
+`Episode.add_generation` (a policy turn) and `Episode.add_step` (what ``env.step`` returned), and
+`Episode.to_trajectory` is the one way to turn it into a `rapo_env.trajectory.Trajectory` (the rollout
+engine, the verl agent loop and the skrl agent all use it).
 
 `EpisodeRecord` owns an episode's growing token context. The chat template is applied
 once, to the system prompt and the first user turn; after that, policy tokens are
 appended as generated (loss mask 1, their log-probs kept) and each observation is
 tokenized once and appended (loss mask 0). The history is never re-tokenized.
 A retrieval splice (``info["retrieval"]["span"]``, a character span of the observation)
-is tokenized as its own piece, so its tokens are known exactly.
+is tokenized as its own piece, so its tokens are known exactly; a splice that does not fit the
+response budget is skipped (spec §4), never cut, and counted in ``skipped_splices``.
 
 Example:
     >>> from rapo_agents.policies import ByteTokenizer, Generation
@@ -26,7 +33,8 @@ from typing import Any
 
 from rapo_agents.policies.base import Generation
 from rapo_agents.rollout.entropy import step_entropies
-from rapo_env.trajectory import StepRecord
+from rapo_agents.scripted import split_spliced_text
+from rapo_env.trajectory import StepRecord, Trajectory
 
 
 class PromptTooLongError(ValueError):
@@ -82,6 +90,8 @@ class EpisodeRecord:
     steps: list[StepRecord] = dataclasses.field(default_factory=list)
     retrieval_tokens: int = 0
     retrieval_token_spans: list[tuple[int, int]] = dataclasses.field(default_factory=list)
+    skipped_splices: int = 0
+    """Retrieval splices left out because they did not fit the response budget."""
 
     @classmethod
     def start(
@@ -136,10 +146,12 @@ class EpisodeRecord:
         return step
 
     def add_observation(self, observation: str, retrieval: dict[str, Any] | None) -> bool:
-        """Tokenize ``observation`` once and append it (loss mask 0), cut to the budget.
+        """Tokenize ``observation`` once and append it (loss mask 0); False when the budget cut it.
 
         A retrieval splice is tokenized as its own piece and its token span recorded in
-        ``retrieval["token_span"]``. Returns False when the budget cut the observation.
+        ``retrieval["token_span"]``. A splice that does not fit what is left of the budget is skipped
+        whole (spec §4: the episode goes on without it, and ``skipped_splices`` counts it); the caller
+        sees that ``retrieval`` got no ``token_span``. Only the env's own text is ever cut.
         """
         pieces: list[tuple[str, bool]] = [(observation, False)]
         if retrieval is not None:
@@ -148,17 +160,19 @@ class EpisodeRecord:
                 raise ValueError(
                     f"retrieval span {(start, end)} lies outside the observation of {len(observation)} chars")
             pieces = [(observation[:start], False), (observation[start:end], True), (observation[end:], False)]
+        encoded = [(list(self.tokenizer.encode(text, add_special_tokens=False)) if text else [], spliced)
+                   for text, spliced in pieces]
+        if retrieval is not None and sum(len(ids) for ids, _ in encoded) > self.remaining:
+            encoded = [(ids, spliced) for ids, spliced in encoded if not spliced]
+            self.skipped_splices += 1
         budget, fits = self.remaining, True
-        for text, spliced in pieces:
-            if not text:
-                continue
-            ids = list(self.tokenizer.encode(text, add_special_tokens=False))
+        for ids, spliced in encoded:
             if len(ids) > budget:
                 ids, fits = ids[:budget], False
             begin = len(self.token_ids)
             self.token_ids.extend(ids)
             budget -= len(ids)
-            if spliced and retrieval is not None:
+            if spliced:
                 retrieval["token_span"] = (begin, len(self.token_ids))
                 self.retrieval_token_spans.append((begin, len(self.token_ids)))
                 self.retrieval_tokens += len(ids)
@@ -166,3 +180,166 @@ class EpisodeRecord:
         self.loss_mask.extend([0] * added)
         self.logprobs.extend([0.0] * added)
         return fits
+
+    def token_fields(self) -> dict[str, Any]:
+        """The record's part of a `Trajectory`: token ids, loss mask, log-probs, prompt length and steps."""
+        return {"steps": list(self.steps), "token_ids": list(self.token_ids), "loss_mask": list(self.loss_mask),
+                "logprobs": list(self.logprobs), "prompt_length": self.prompt_length}
+
+    def token_extra(self) -> dict[str, Any]:
+        """The record's part of `Trajectory.extra`: retrieval tokens and spans, prompt cut, skipped splices."""
+        return {"retrieval_tokens": self.retrieval_tokens, "retrieval_token_spans": list(self.retrieval_token_spans),
+                "prompt_truncated": self.prompt_truncated, "skipped_splices": self.skipped_splices}
+
+
+@dataclasses.dataclass
+class Episode:
+    """The state of one running episode, and the only code that changes it.
+
+    Args:
+        task_index, rollout_index, group_index: which question, which rollout of its group, which group of the run.
+
+    A driver (the rollout engine, the verl agent loop) calls `begin` after ``env.reset``, then alternates
+    `add_generation` with `add_step` until `done`, and finally `to_trajectory`.
+
+    Example:
+        >>> from rapo_agents.policies import ByteTokenizer, Generation
+        >>> episode = Episode(task_index=0, rollout_index=0, group_index=0)
+        >>> episode.begin("What is 6*7?", {"task_id": "q0", "system_prompt": ""}, ByteTokenizer(), 200, 80)
+        >>> episode.add_generation(Generation(token_ids=[60, 62], text="<>", finish_reason="stop"), vocab_size=259)
+        True
+        >>> episode.add_step(" <result>\\n42\\n</result>", 0.0, False, False, {"tool": "python", "tool_calls": 1})
+        >>> episode.done, episode.num_tool_calls
+        (False, 1)
+        >>> episode.add_generation(Generation(token_ids=[65], text="A", finish_reason="stop"), vocab_size=259)
+        True
+        >>> episode.add_step("", 1.0, True, False, {"episode_end": "answer", "metrics": {"correct": 1.0}})
+        >>> trajectory = episode.to_trajectory(source="example")
+        >>> trajectory.end_reason, trajectory.reward, len(trajectory.steps)
+        ('answer', 1.0, 2)
+    """
+
+    task_index: int
+    rollout_index: int
+    group_index: int
+    env: Any = None
+    """The env playing this episode (a pooled one in the engine; None once released)."""
+    record: EpisodeRecord | None = None
+    """Token context, masks and steps (None until `begin`)."""
+    reset_info: dict[str, Any] = dataclasses.field(default_factory=dict)
+    prompt: str = ""
+    question: str = ""
+    turn: int = 0
+    """Policy turns generated so far."""
+    reward: float = 0.0
+    metrics: dict[str, float] = dataclasses.field(default_factory=dict)
+    num_tool_calls: int = 0
+    end_reason: str | None = None
+    """None while the episode runs; then the env's (``answer``, ``tool_limit``, ...), ``length`` or ``policy_error``."""
+    finish_reasons: list[str] = dataclasses.field(default_factory=list)
+    """Each turn's ``Generation.finish_reason``."""
+    error: str | None = None
+    reserve: list[int] = dataclasses.field(default_factory=list)
+    """ARPO: the group's slots this rollout may fill with branches (or, when it ends, with fresh rollouts)."""
+    initial_entropy: float | None = None
+    """ARPO: H_initial, the entropy of the rollout's first turn (a branch keeps its parent's)."""
+    branch_parent: int | None = None
+    """ARPO: the rollout index this one branched off (None: it started from the prompt)."""
+    branch_prefix_tokens: int | None = None
+    """ARPO: tokens shared with the parent."""
+
+    @property
+    def done(self) -> bool:
+        return self.end_reason is not None
+
+    def begin(self, prompt: str, reset_info: dict[str, Any], tokenizer: Any, max_prompt_tokens: int,
+              max_response_tokens: int, question: str | None = None) -> None:
+        """Start from ``env.reset``'s prompt and info: template the prompt once into a fresh token record."""
+        self.prompt, self.reset_info = prompt, dict(reset_info)
+        self.question = prompt if question is None else question
+        self.record = EpisodeRecord.start(tokenizer, reset_info.get("system_prompt", ""), prompt,
+                                          max_prompt_tokens, max_response_tokens)
+
+    def continue_from(self, parent: Episode) -> None:
+        """ARPO: take over ``parent``'s progress (a copy of its token record, turn, reward and counts)."""
+        self.record = parent.record.fork()
+        self.turn, self.reward, self.num_tool_calls = parent.turn, parent.reward, parent.num_tool_calls
+        self.finish_reasons = list(parent.finish_reasons)
+        self.initial_entropy = parent.initial_entropy
+        self.branch_parent, self.branch_prefix_tokens = parent.rollout_index, len(parent.record.token_ids)
+
+    def add_generation(self, generation: Generation, vocab_size: int) -> bool:
+        """Record a policy turn; False when the policy failed (the episode then ends with ``policy_error``)."""
+        self.turn += 1
+        self.finish_reasons.append(generation.finish_reason)
+        if generation.finish_reason == "error":
+            self.end_reason, self.error = "policy_error", generation.error
+            return False
+        self.record.add_generation(generation, vocab_size)
+        return True
+
+    def add_step(self, observation: str, reward: float, terminated: bool, truncated: bool,
+                 info: dict[str, Any]) -> None:
+        """Record what ``env.step`` returned for the last turn.
+
+        The episode ends when the env ends it, or with ``length`` when the env's own observation does not
+        fit the response budget (or fills it): it is then scored with the env's reward function. A retrieval
+        splice that does not fit is skipped instead (`EpisodeRecord.add_observation`) and the step keeps no
+        retrieval mark.
+        """
+        record = self.record
+        step = record.steps[-1]
+        step.observation = split_spliced_text(observation, info)
+        step.tool, step.tool_ok = info.get("tool"), info.get("tool_ok")
+        self.num_tool_calls = int(info.get("tool_calls", self.num_tool_calls))
+        self.reward += float(reward)
+        if terminated or truncated:
+            self.end_reason = info.get("episode_end", "answer" if terminated else "truncated")
+            if "env_error" in info:
+                self.error = info["env_error"]
+            self.metrics = dict(info.get("metrics", {}))
+            return
+        retrieval = dict(info["retrieval"]) if info.get("retrieval") else None
+        fits = record.add_observation(observation, retrieval)
+        step.retrieval = retrieval if retrieval is not None and "token_span" in retrieval else None
+        if not fits or record.remaining <= 0:
+            self.end_reason = "length"
+            self._score_cut_episode()
+
+    def _score_cut_episode(self) -> None:
+        """Score an episode the token budget cut, with the env's own reward function when it has one."""
+        base = getattr(self.env, "unwrapped", None)
+        reward_fn, task = getattr(base, "reward_fn", None), getattr(base, "task", None)
+        if reward_fn is None or task is None:
+            return
+        score = reward_fn(getattr(base, "transcript", ""), task)
+        self.reward += float(score.reward)
+        self.metrics = dict(score.metrics)
+
+    def to_trajectory(self, source: str, extra: dict[str, Any] | None = None) -> Trajectory:
+        """The episode as a `Trajectory` (token-level record included); ``extra`` is merged into its ``extra``."""
+        info, record = self.reset_info, self.record
+        token_fields = record.token_fields() if record is not None else {"steps": []}
+        return Trajectory(
+            task_id=str(info.get("task_id", self.task_index)),
+            rollout_index=self.rollout_index,
+            question=self.question,
+            system_prompt=info.get("system_prompt", ""),
+            prompt=self.prompt,
+            reward=self.reward,
+            metrics=dict(self.metrics),
+            num_tool_calls=self.num_tool_calls,
+            end_reason=self.end_reason or "unfinished",
+            source=source,
+            **token_fields,
+            extra={
+                "task_index": self.task_index,
+                "group_index": self.group_index,
+                **(record.token_extra() if record is not None else {}),
+                "finish_reasons": list(self.finish_reasons),
+                **({"error": self.error} if self.error else {}),
+                **({"branch_parent": self.branch_parent, "branch_prefix_tokens": self.branch_prefix_tokens}
+                   if self.branch_parent is not None else {}),
+                **(extra or {}),
+            },
+        )

@@ -88,7 +88,9 @@ def test_every_leaf_is_reachable_and_documented():
     # Every field of every section has a docstring right under it.
     from rapo_agents import config as config_module
 
-    source = inspect.getsource(config_module)
+    from rapo_agents.rollout import config as rollout_config_module
+
+    source = inspect.getsource(config_module) + inspect.getsource(rollout_config_module)
     for path in paths:
         if path.startswith(("algorithm.", "arpo.")):
             continue  # documented in rapo_agents.rapo.RAPOConfig and rapo_agents.rollout.branching.ARPOConfig

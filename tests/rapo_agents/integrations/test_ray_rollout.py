@@ -72,7 +72,7 @@ def retrieval_url(ray_cluster):
 
 @pytest.fixture(scope="module")
 def local_trajectories(retrieval_url):
-    config = RolloutConfig(group_size=3, seed=11)
+    config = RolloutConfig(rollout_n=3)
     with make_rollout_engine("local", "RAPO-Math-v0", ScriptedPolicy(TURNS), config, ENV_KWARGS,
                              [retrieval_wrapper(retrieval_url)]) as engine:
         return engine.run([4, 0, 3], seed=11)
@@ -82,9 +82,9 @@ def test_ray_workers_reproduce_the_local_trajectories(retrieval_url, local_traje
     """Two rollout actors share one PolicyActor; the envs in the actors retrieve from the Serve deployment."""
     policy_actor = ray.remote(PolicyActor).options(num_cpus=0).remote(functools.partial(ScriptedPolicy, TURNS))
     streamed = []
-    with make_rollout_engine("ray", "RAPO-Math-v0", policy_actor, RolloutConfig(group_size=3, seed=11), ENV_KWARGS,
+    with make_rollout_engine("ray", "RAPO-Math-v0", policy_actor, RolloutConfig(rollout_n=3), ENV_KWARGS,
                              [retrieval_wrapper(retrieval_url)], num_workers=2) as engine:
-        trajectories = engine.run([4, 0, 3], on_trajectory=streamed.append)
+        trajectories = engine.run([4, 0, 3], seed=11, on_trajectory=streamed.append)
         stats = engine.stats
     assert [comparable(t) for t in trajectories] == [comparable(t) for t in local_trajectories]
     assert {t.source for t in trajectories} == {"RemotePolicy"}
@@ -99,12 +99,12 @@ def test_ray_workers_reproduce_the_local_trajectories(retrieval_url, local_traje
 
 def test_ray_workers_reproduce_arpo_branched_groups(ray_cluster):
     """Branching groups (every tool result branches: tau = 1) come back whole and as the local engine plays them."""
-    config = RolloutConfig(group_size=3, seed=2, arpo=ARPOConfig(initial_rollouts=1, branch_probability=1.0))
-    with make_rollout_engine("local", "RAPO-Math-v0", ScriptedPolicy(TURNS), config, ENV_KWARGS) as engine:
-        local = engine.run([1, 5, 2])
-    with make_rollout_engine("ray", "RAPO-Math-v0", ScriptedPolicy(TURNS), config, ENV_KWARGS,
+    config, arpo = RolloutConfig(rollout_n=3), ARPOConfig(initial_rollouts=1, branch_probability=1.0)
+    with make_rollout_engine("local", "RAPO-Math-v0", ScriptedPolicy(TURNS), config, ENV_KWARGS, arpo=arpo) as engine:
+        local = engine.run([1, 5, 2], seed=2)
+    with make_rollout_engine("ray", "RAPO-Math-v0", ScriptedPolicy(TURNS), config, ENV_KWARGS, arpo=arpo,
                              num_workers=2) as engine:
-        remote = engine.run([1, 5, 2])
+        remote = engine.run([1, 5, 2], seed=2)
         stats = engine.stats
     assert [comparable(t) for t in remote] == [comparable(t) for t in local]
     assert [t.extra.get("branch_parent") for t in remote] == [None, 0, 0] * 3

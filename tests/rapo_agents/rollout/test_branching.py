@@ -39,9 +39,9 @@ class EntropyScriptedPolicy(ScriptedPolicy):
 
 
 def run(after_tool, arpo: ARPOConfig, tasks=(2,), group_size=4, seed=0):
-    config = RolloutConfig(group_size=group_size, seed=seed, arpo=arpo)
-    with RolloutEngine("RAPO-Math-v0", EntropyScriptedPolicy(after_tool), config, ENV_KWARGS) as engine:
-        return engine.run(list(tasks)), engine.stats
+    config = RolloutConfig(rollout_n=group_size)
+    with RolloutEngine("RAPO-Math-v0", EntropyScriptedPolicy(after_tool), config, ENV_KWARGS, arpo=arpo) as engine:
+        return engine.run(list(tasks), seed=seed), engine.stats
 
 
 def test_slots_are_dealt_once_and_branch_rule_follows_entropy():
