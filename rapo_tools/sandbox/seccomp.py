@@ -1,14 +1,26 @@
-"""A tiny seccomp filter for the local sandbox: no new user namespaces.
+"""The seccomp filter of the local sandbox: the native system-call ABI only, minus the kernel's attack surface.
 
-Inside a user namespace of its own, sandboxed code would own new mount namespaces and
-could mount tmpfs filesystems that no rlimit bounds (a memory bomb that bypasses the
-address-space limit). The filter makes ``unshare`` fail with EPERM, ``clone`` with
-CLONE_NEWUSER fail with EPERM, and ``clone3`` (whose flags a classic BPF filter cannot
-read) fail with ENOSYS, so that the C library falls back to ``clone``. Everything else
-is allowed. bubblewrap installs it (``--seccomp FD``) just before starting the worker.
+The worker installs it (`rapo_tools.sandbox.worker`) before it drops privileges, so every call's code runs
+under it. It refuses, with EPERM unless said otherwise:
+
+- every other ABI: another architecture (32-bit ``int 0x80`` on x86_64, arm32 on aarch64) and x32
+  system calls, whose numbers would dodge the checks below;
+- new namespaces: ``unshare``, ``setns``, ``clone`` with any ``CLONE_NEW*`` flag, and ``clone3`` with
+  ENOSYS (a classic filter cannot read its flags; the C library then falls back to ``clone``). In a
+  user namespace of its own, code would be root there and could mount unbounded tmpfs or reach netfilter;
+- mounting of any kind (``mount`` and the new mount API), ``pivot_root``, ``chroot``;
+- state that outlives a call: SysV IPC (shared memory, semaphores, message queues), POSIX message
+  queues and kernel keyrings (``add_key``, ``keyctl``: a uid's keyring survives its processes' calls);
+- memory that no rlimit counts: ``memfd_create``, ``memfd_secret``;
+- the usual exploit primitives: io_uring (its operations bypass this filter), ``userfaultfd``, ``bpf``,
+  ``perf_event_open``, ``ptrace``, ``process_vm_readv``/``writev``, ``kcmp``, ``pidfd_getfd``, module
+  loading, kexec, ``personality`` other than the default or a query;
+- sockets other than IPv4/IPv6 (EAFNOSUPPORT): no unix sockets, so no host socket is reachable through
+  the read-only filesystem, and no netlink, packet, vsock (which crosses a VM's boundary) or crypto sockets.
+  ``socketpair`` stays allowed: it reaches nothing outside the call.
 
 Example:
-    >>> program = user_namespace_filter()
+    >>> program = sandbox_filter()
     >>> program is None or len(program) % 8 == 0  # whole sock_filter instructions
     True
 """
@@ -16,17 +28,62 @@ Example:
 from __future__ import annotations
 
 import errno
-import os
 import platform
 import struct
 
-_CLONE_NEWUSER = 0x10000000
+# Flags of clone(2) that make a namespace: NEWNS, NEWCGROUP, NEWUTS, NEWIPC, NEWUSER, NEWPID, NEWNET.
+CLONE_NEW_FLAGS = 0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000 | 0x20000000 | 0x40000000
 _X32_SYSCALL_BIT = 0x40000000
+_AF_INET, _AF_INET6 = 2, 10
+_PERSONALITY_ALLOWED = (0, 0xFFFFFFFF)  # PER_LINUX, and the query that changes nothing
 
-# machine -> (AUDIT_ARCH_*, unshare, clone, clone3)
-_SYSCALLS = {
-    "x86_64": (0xC000003E, 272, 56, 435),
-    "aarch64": (0xC00000B7, 97, 220, 435),
+# The refused system calls by name; each table maps them to its architecture's numbers.
+DENIED = (
+    "unshare", "setns", "mount", "umount2", "pivot_root", "chroot", "open_tree", "move_mount", "fsopen",
+    "fsconfig", "fsmount", "fspick", "mount_setattr",
+    "shmget", "shmat", "shmctl", "shmdt", "semget", "semop", "semctl", "semtimedop", "msgget", "msgsnd",
+    "msgrcv", "msgctl", "mq_open", "mq_unlink", "mq_timedsend", "mq_timedreceive", "mq_notify", "mq_getsetattr",
+    "add_key", "request_key", "keyctl",
+    "memfd_create", "memfd_secret",
+    "io_uring_setup", "io_uring_enter", "io_uring_register", "userfaultfd", "bpf", "perf_event_open",
+    "ptrace", "process_vm_readv", "process_vm_writev", "kcmp", "pidfd_getfd",
+    "init_module", "finit_module", "delete_module", "kexec_load", "kexec_file_load",
+)
+
+_X86_64 = {
+    "unshare": 272, "setns": 308, "mount": 165, "umount2": 166, "pivot_root": 155, "chroot": 161,
+    "open_tree": 428, "move_mount": 429, "fsopen": 430, "fsconfig": 431, "fsmount": 432, "fspick": 433,
+    "mount_setattr": 442,
+    "shmget": 29, "shmat": 30, "shmctl": 31, "shmdt": 67, "semget": 64, "semop": 65, "semctl": 66,
+    "semtimedop": 220, "msgget": 68, "msgsnd": 69, "msgrcv": 70, "msgctl": 71, "mq_open": 240, "mq_unlink": 241,
+    "mq_timedsend": 242, "mq_timedreceive": 243, "mq_notify": 244, "mq_getsetattr": 245,
+    "add_key": 248, "request_key": 249, "keyctl": 250, "memfd_create": 319, "memfd_secret": 447,
+    "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427, "userfaultfd": 323, "bpf": 321,
+    "perf_event_open": 298, "ptrace": 101, "process_vm_readv": 310, "process_vm_writev": 311, "kcmp": 312,
+    "pidfd_getfd": 438, "init_module": 175, "finit_module": 313, "delete_module": 176, "kexec_load": 246,
+    "kexec_file_load": 320,
+    "clone": 56, "clone3": 435, "socket": 41, "personality": 135,
+}
+
+_AARCH64 = {
+    "unshare": 97, "setns": 268, "mount": 40, "umount2": 39, "pivot_root": 41, "chroot": 51,
+    "open_tree": 428, "move_mount": 429, "fsopen": 430, "fsconfig": 431, "fsmount": 432, "fspick": 433,
+    "mount_setattr": 442,
+    "shmget": 194, "shmat": 196, "shmctl": 195, "shmdt": 197, "semget": 190, "semop": 193, "semctl": 191,
+    "semtimedop": 192, "msgget": 186, "msgsnd": 189, "msgrcv": 188, "msgctl": 187, "mq_open": 180,
+    "mq_unlink": 181, "mq_timedsend": 182, "mq_timedreceive": 183, "mq_notify": 184, "mq_getsetattr": 185,
+    "add_key": 217, "request_key": 218, "keyctl": 219, "memfd_create": 279, "memfd_secret": 447,
+    "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427, "userfaultfd": 282, "bpf": 280,
+    "perf_event_open": 241, "ptrace": 117, "process_vm_readv": 270, "process_vm_writev": 271, "kcmp": 272,
+    "pidfd_getfd": 438, "init_module": 105, "finit_module": 273, "delete_module": 106, "kexec_load": 104,
+    "kexec_file_load": 294,
+    "clone": 220, "clone3": 435, "socket": 198, "personality": 92,
+}
+
+# machine -> (AUDIT_ARCH_*, numbers, every call below this number is allowed at once: the hot path)
+_ARCHITECTURES = {
+    "x86_64": (0xC000003E, _X86_64, 29),  # read .. madvise
+    "aarch64": (0xC00000B7, _AARCH64, 0),
 }
 
 # Classic BPF opcodes (linux/filter.h, linux/seccomp.h).
@@ -38,7 +95,7 @@ _RET_K = 0x06
 _ALLOW = 0x7FFF0000
 _ERRNO = 0x00050000
 
-# Offsets in struct seccomp_data.
+# Offsets in struct seccomp_data (the low word of the first argument: both ABIs are little-endian).
 _NR, _ARCH, _ARG0_LOW = 0, 4, 16
 
 
@@ -46,38 +103,68 @@ def _op(code: int, k: int, jt: int = 0, jf: int = 0) -> bytes:
     return struct.pack("=HBBI", code, jt, jf, k)
 
 
-def user_namespace_filter(machine: str | None = None) -> bytes | None:
+class _Assembler:
+    """Straight-line BPF with forward jumps to named labels (offsets are resolved at the end)."""
+
+    def __init__(self) -> None:
+        self.lines: list[tuple[int, int, str | None, str | None]] = []
+        self.labels: dict[str, int] = {}
+
+    def emit(self, code: int, k: int, jt: str | None = None, jf: str | None = None) -> None:
+        self.lines.append((code, k, jt, jf))
+
+    def label(self, name: str) -> None:
+        self.labels[name] = len(self.lines)
+
+    def assemble(self) -> bytes:
+        def offset(index: int, target: str | None) -> int:
+            if target is None:
+                return 0
+            distance = self.labels[target] - index - 1
+            if not 0 <= distance < 256:
+                raise ValueError(f"jump to {target} out of range ({distance})")
+            return distance
+
+        return b"".join(_op(code, k, offset(i, jt), offset(i, jf)) for i, (code, k, jt, jf) in enumerate(self.lines))
+
+
+def sandbox_filter(machine: str | None = None) -> bytes | None:
     """The compiled filter for ``machine`` (default: this one), or None where it is not known."""
-    numbers = _SYSCALLS.get(machine or platform.machine())
-    if numbers is None:
+    known = _ARCHITECTURES.get(machine or platform.machine())
+    if known is None:
         return None
-    arch, unshare, clone, clone3 = numbers
-    deny = _ERRNO | errno.EPERM
-    program = [
-        _op(_LD_W_ABS, _ARCH),
-        _op(_JEQ_K, arch, 1, 0),
-        _op(_RET_K, _ALLOW),  # another ABI: not ours to judge
-        _op(_LD_W_ABS, _NR),
-        _op(_JGE_K, _X32_SYSCALL_BIT, 0, 1) if arch == 0xC000003E else _op(_JEQ_K, 0xFFFFFFFF, 0, 1),
-        _op(_RET_K, deny),  # x32 system calls would dodge the numbers below
-        _op(_JEQ_K, unshare, 0, 1),
-        _op(_RET_K, deny),
-        _op(_JEQ_K, clone3, 0, 1),
-        _op(_RET_K, _ERRNO | errno.ENOSYS),
-        _op(_JEQ_K, clone, 0, 3),
-        _op(_LD_W_ABS, _ARG0_LOW),
-        _op(_JSET_K, _CLONE_NEWUSER, 0, 1),
-        _op(_RET_K, deny),
-        _op(_RET_K, _ALLOW),
-    ]
-    return b"".join(program)
-
-
-def readable_fd(data: bytes) -> int:
-    """A pipe's read end holding ``data`` (for bwrap's ``--seccomp FD``); the caller closes it."""
-    read_end, write_end = os.pipe()
-    try:
-        os.write(write_end, data)
-    finally:
-        os.close(write_end)
-    return read_end
+    arch, numbers, hot_below = known
+    asm = _Assembler()
+    asm.emit(_LD_W_ABS, _ARCH)
+    asm.emit(_JEQ_K, arch, None, "deny")  # another ABI: refused outright
+    asm.emit(_LD_W_ABS, _NR)
+    if arch == 0xC000003E:
+        asm.emit(_JGE_K, _X32_SYSCALL_BIT, "deny")  # x32 numbers would dodge every check below
+    if hot_below:
+        asm.emit(_JGE_K, hot_below, None, "allow")
+    for name in DENIED:
+        asm.emit(_JEQ_K, numbers[name], "deny")
+    asm.emit(_JEQ_K, numbers["clone3"], "nosys")
+    asm.emit(_JEQ_K, numbers["clone"], "clone")
+    asm.emit(_JEQ_K, numbers["socket"], "socket")
+    asm.emit(_JEQ_K, numbers["personality"], "personality", "allow")
+    asm.label("clone")
+    asm.emit(_LD_W_ABS, _ARG0_LOW)
+    asm.emit(_JSET_K, CLONE_NEW_FLAGS, "deny", "allow")
+    asm.label("socket")
+    asm.emit(_LD_W_ABS, _ARG0_LOW)
+    asm.emit(_JEQ_K, _AF_INET, "allow")
+    asm.emit(_JEQ_K, _AF_INET6, "allow", "no_family")
+    asm.label("personality")
+    asm.emit(_LD_W_ABS, _ARG0_LOW)
+    asm.emit(_JEQ_K, _PERSONALITY_ALLOWED[0], "allow")
+    asm.emit(_JEQ_K, _PERSONALITY_ALLOWED[1], "allow", "deny")
+    asm.label("allow")
+    asm.emit(_RET_K, _ALLOW)
+    asm.label("deny")
+    asm.emit(_RET_K, _ERRNO | errno.EPERM)
+    asm.label("nosys")
+    asm.emit(_RET_K, _ERRNO | errno.ENOSYS)
+    asm.label("no_family")
+    asm.emit(_RET_K, _ERRNO | errno.EAFNOSUPPORT)
+    return asm.assemble()

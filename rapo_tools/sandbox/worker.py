@@ -205,6 +205,7 @@ def _child(settings, pipes, ahead):
     """Runs in the forked child: sets up, waits for its code, runs it, reports its status; never returns."""
     code_r, out_w, err_w, status_w = pipes
     status = 70
+    stage = "prepare the call"
     try:
         os.setsid()
         os.dup2(code_r, 0)
@@ -222,9 +223,11 @@ def _child(settings, pipes, ahead):
         os.dup2(null, 0)
         os.close(null)
         namespace = {"__name__": "__main__", "__builtins__": __builtins__}
+        stage = "parse the code"  # _rapo_run reports what goes wrong later (and SyntaxError) itself
         status = _rapo_run(code, namespace)  # noqa: F821 - defined by REPL_FUNCTION_SOURCE
-    except BaseException:  # the sandbox plumbing failed; report it like a crash
-        status = 70
+    except BaseException as error:  # e.g. RecursionError or MemoryError from the parser: say so
+        status = 1
+        report_failure(stage, error)
     status = status if isinstance(status, int) and 0 <= status < 256 else 1
     try:
         sys.stdout.flush()
@@ -236,6 +239,17 @@ def _child(settings, pipes, ahead):
     except BaseException:
         pass  # the code closed the status pipe: the worker waits for the exit instead
     os._exit(status)
+
+
+def report_failure(stage, error):
+    """Tell the code's stderr why the sandbox could not do ``stage`` (the message the model sees)."""
+    detail = str(error) or ("the parser ran out of memory: is the code nested too deeply?"
+                            if isinstance(error, MemoryError) else "no detail")
+    message = f"the sandbox could not {stage}: {type(error).__name__} ({detail})\n"
+    try:
+        os.write(2, message.encode("utf-8", "replace"))
+    except BaseException:
+        pass  # the code closed its stderr; its exit status still tells
 
 
 def _fork_child(settings, ahead):
@@ -411,28 +425,37 @@ def _kill_leftovers():
 
 def _empty_directory(path, keep=()):
     """Remove everything below ``path`` but its top-level entries named in ``keep`` (read-only mounts of
-    the interpreter), however deep or locked (walking with chdir: no long paths)."""
+    the interpreter), however deep or locked, in time linear in the number of entries: each directory is
+    listed once (walking with chdir: no long paths)."""
     os.chdir(path)
-    descended = []
-    while True:
-        subdirectory = None
-        for entry in os.scandir("."):
-            if not descended and entry.name in keep:
-                continue
-            if entry.is_dir(follow_symlinks=False):
-                subdirectory = entry.name
-            else:
-                os.unlink(entry.name)
-        if subdirectory is not None:
+    stack = [("", _unlink_files(keep))]  # (a directory's name in its parent, its subdirectories still to remove)
+    while stack:
+        name, subdirectories = stack[-1]
+        if subdirectories:
+            subdirectory = subdirectories.pop()
             os.chmod(subdirectory, 0o700)  # the code may have locked its own directories
             os.chdir(subdirectory)
-            descended.append(subdirectory)
-        elif descended:
-            os.chdir("..")
-            os.rmdir(descended.pop())
+            stack.append((subdirectory, _unlink_files(())))
         else:
-            break
+            stack.pop()
+            if stack:
+                os.chdir("..")
+                os.rmdir(name)
     os.chdir("/")
+
+
+def _unlink_files(keep):
+    """Unlink the files of the current directory; returns its subdirectories (those in ``keep`` left alone)."""
+    subdirectories = []
+    with os.scandir(".") as entries:
+        for entry in entries:
+            if entry.name in keep:
+                continue
+            if entry.is_dir(follow_symlinks=False):
+                subdirectories.append(entry.name)
+            else:
+                os.unlink(entry.name)
+    return subdirectories
 
 
 def _clean_up(settings):
@@ -463,6 +486,37 @@ def _make_undumpable():
         ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE = 4
     except (OSError, AttributeError):
         pass
+
+
+def _libc():
+    import ctypes
+
+    return ctypes, ctypes.CDLL(None, use_errno=True)
+
+
+def _limit_scratch(dirs, size_bytes, inodes):
+    """Remount each scratch tmpfs with an inode cap as well as its size (bubblewrap sets only the size):
+    without it, empty files and directories hold kernel memory that no size limit counts."""
+    ctypes, libc = _libc()
+    options = f"size={int(size_bytes)},nr_inodes={int(inodes)}".encode()
+    for path in dirs:
+        # MS_REMOUNT | MS_NOSUID | MS_NODEV, as bubblewrap mounted it
+        if libc.mount(b"tmpfs", path.encode(), b"tmpfs", 32 | 2 | 4, options) != 0:
+            raise OSError(ctypes.get_errno(), f"could not cap the inodes of {path}")
+
+
+def _install_filter(program):
+    """Install the seccomp filter (`rapo_tools.sandbox.seccomp`) on this process and all it will fork."""
+    ctypes, libc = _libc()
+
+    class Program(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+    code = ctypes.create_string_buffer(program, len(program))
+    fprog = Program(len(program) // 8, ctypes.addressof(code))
+    # PR_SET_NO_NEW_PRIVS = 38 (needed without CAP_SYS_ADMIN), PR_SET_SECCOMP = 22, SECCOMP_MODE_FILTER = 2
+    if libc.prctl(38, 1, 0, 0, 0) != 0 or libc.prctl(22, 2, ctypes.byref(fprog), 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "could not install the seccomp filter")
 
 
 def _readable(fd):
@@ -504,6 +558,10 @@ def main():
     null = os.open(os.devnull, os.O_RDWR)
     os.dup2(null, 0)
     os.dup2(null, 1)  # a module that prints on import cannot corrupt the protocol
+    if settings.get("scratch_inodes"):
+        _limit_scratch(settings["scratch_dirs"], settings["scratch_bytes"], settings["scratch_inodes"])
+    if settings.get("seccomp"):
+        _install_filter(bytes.fromhex(settings["seccomp"]))
     if settings.get("drop_to"):
         _drop_privileges(settings["drop_to"])
     loaded, failed = _preload(settings["preload"])
