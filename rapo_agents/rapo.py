@@ -29,6 +29,7 @@ from typing import Literal
 import torch
 
 Fidelity = Literal["paper", "reference"]
+LossWeighting = Literal["token_mean", "micro_batch_mean"]
 
 #: Added to the denominators of the spec's normalisations (§5 dH, §6 std).
 EPS = 1e-6
@@ -71,6 +72,16 @@ class RAPOConfig:
     eps: float = EPS
     """Added to the group std (§6) and to ``H_pre`` in the relative entropy drop (§5)."""
 
+    norm_adv_by_std_in_grpo: bool = True
+    """Divide ``R`` and ``Z_ret`` by their group std after centring them (spec §6, GRPO). False is
+    Dr.GRPO, as verl's option of this name: both are only centred (the reference code does the same)."""
+
+    loss_weighting: LossWeighting = "token_mean"
+    """How the micro-batches of one optimiser step add up. ``token_mean``: the token mean over the whole
+    mini-batch (spec §7), whatever the split. ``micro_batch_mean``: verl's (dynamic batch size): each
+    micro-batch's own token mean, weighted by its share of the mini-batch's sequences, so a token in a
+    micro-batch of short rows weighs more."""
+
     def __post_init__(self) -> None:
         if self.fidelity not in ("paper", "reference"):
             raise ValueError(f"fidelity must be 'paper' or 'reference', got {self.fidelity!r}")
@@ -79,6 +90,8 @@ class RAPOConfig:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.clip_ratio_c <= 1.0:
             raise ValueError(f"clip_ratio_c must be > 1 (dual clip), got {self.clip_ratio_c}")
+        if self.loss_weighting not in ("token_mean", "micro_batch_mean"):
+            raise ValueError(f"loss_weighting must be 'token_mean' or 'micro_batch_mean', got {self.loss_weighting!r}")
 
     @property
     def entropy_estimator(self) -> Literal["paper", "reference"]:
@@ -257,7 +270,9 @@ def retrieval_reward(
 # §6 advantages
 
 
-def group_normalize(values: torch.Tensor, group_index: torch.Tensor, eps: float = EPS) -> torch.Tensor:
+def group_normalize(
+    values: torch.Tensor, group_index: torch.Tensor, eps: float = EPS, scale_by_std: bool = True
+) -> torch.Tensor:
     """``(x - mean_g(x)) / (std_g(x) + eps)`` within each group ``g`` (§6), as GRPO's ``A_acc``.
 
     The std is the unbiased one (``n - 1``); a group of one gets mean 0 and std 1, as in verl.
@@ -266,10 +281,13 @@ def group_normalize(values: torch.Tensor, group_index: torch.Tensor, eps: float 
     Args:
         values: ``[N]`` one value per rollout (reward ``R`` or ``Z_ret``).
         group_index: ``[N]`` integer id of each rollout's group (question).
+        scale_by_std: False only centres, ``x - mean_g(x)`` (Dr.GRPO, verl's ``norm_adv_by_std_in_grpo=false``).
 
     Example:
         >>> [round(a, 4) for a in group_normalize(torch.tensor([1.0, 0.0, 5.0]), torch.tensor([0, 0, 1])).tolist()]
         [0.7071, -0.7071, 5.0]
+        >>> group_normalize(torch.tensor([1.0, 0.0, 5.0]), torch.tensor([0, 0, 1]), scale_by_std=False).tolist()
+        [0.5, -0.5, 5.0]
     """
     if values.dim() != 1 or values.shape != group_index.shape:
         raise ValueError(
@@ -288,7 +306,8 @@ def group_normalize(values: torch.Tensor, group_index: torch.Tensor, eps: float 
     single = counts == 1
     means = torch.where(single, torch.zeros_like(means), means)
     stds = torch.where(single, torch.ones_like(stds), stds)
-    return (values - means[dense]) / (stds[dense] + eps)
+    centred = values - means[dense]
+    return centred / (stds[dense] + eps) if scale_by_std else centred
 
 
 def fused_advantage(a_acc: torch.Tensor, a_ret: torch.Tensor, advantage_weight: float) -> torch.Tensor:
@@ -307,19 +326,21 @@ def rapo_advantages(
     group_index: torch.Tensor,
     advantage_weight: float = 0.2,
     eps: float = EPS,
+    norm_by_std: bool = True,
 ) -> torch.Tensor:
     """RAPO's advantage per rollout (§6): ``A_acc * (1 + a * A_ret)`` with both normalised per group.
 
     ``A_ret`` normalises ``Z_ret`` over the whole group, on-policy zeros included; when every
-    ``Z_ret`` of a group is 0, ``A_ret = 0`` and the result is GRPO's ``A_acc``.
+    ``Z_ret`` of a group is 0, ``A_ret = 0`` and the result is GRPO's ``A_acc``. With
+    ``norm_by_std=False`` both are only centred (Dr.GRPO).
 
     Example:
         >>> group = torch.tensor([0, 0])
         >>> [round(a, 4) for a in rapo_advantages(torch.tensor([1.0, 0.0]), torch.zeros(2), group).tolist()]
         [0.7071, -0.7071]
     """
-    a_acc = group_normalize(rewards, group_index, eps)
-    a_ret = group_normalize(z_ret, group_index, eps)
+    a_acc = group_normalize(rewards, group_index, eps, norm_by_std)
+    a_ret = group_normalize(z_ret, group_index, eps, norm_by_std)
     return fused_advantage(a_acc, a_ret, advantage_weight)
 
 

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from rapo_agents.batch import TrainBatch
-from rapo_agents.rapo import RAPOConfig, rapo_policy_loss, token_entropy_from_logits
+from rapo_agents.rapo import LossWeighting, RAPOConfig, rapo_policy_loss, token_entropy_from_logits
 
 
 @dataclasses.dataclass
@@ -71,6 +71,25 @@ def micro_batches(batch: TrainBatch, rows: torch.Tensor, micro_batch_size: int) 
     order = rows[torch.argsort(batch.lengths[rows], descending=True)]
     for start in range(0, len(order), micro_batch_size):
         yield batch.select(order[start : start + micro_batch_size])
+
+
+def micro_batch_weight(
+    weighting: LossWeighting, micro_loss_mask: torch.Tensor, mini_loss_mask: torch.Tensor
+) -> float:
+    """The factor of a micro-batch's own token-mean loss in its mini-batch's loss.
+
+    ``token_mean`` (rapo, spec §7): its share of the mini-batch's policy tokens, so that the sum over
+    micro-batches is the mini-batch's token mean whatever the split. ``micro_batch_mean`` (verl under
+    dynamic batch size): its share of the mini-batch's sequences.
+
+    Example:
+        >>> mini = torch.tensor([[1, 1, 1], [1, 0, 0]])
+        >>> micro_batch_weight("token_mean", mini[1:], mini), micro_batch_weight("micro_batch_mean", mini[1:], mini)
+        (0.25, 0.5)
+    """
+    if weighting == "micro_batch_mean":
+        return micro_loss_mask.shape[0] / mini_loss_mask.shape[0]
+    return float(micro_loss_mask.sum()) / max(float(mini_loss_mask.sum()), 1.0)
 
 
 @dataclasses.dataclass
@@ -128,8 +147,9 @@ def ppo_update(
     """Run the PPO-style epochs over ``batch`` and return the averaged statistics.
 
     Each mini-batch is one optimiser step; its loss is RAPO's token mean over all of its policy
-    tokens, whatever the micro-batch split. A step whose gradient norm is not finite is skipped
-    (and counted) instead of corrupting the weights.
+    tokens, whatever the micro-batch split (or verl's weighting, ``config.loss_weighting``, see
+    `micro_batch_weight`). A step whose gradient norm is not finite is skipped (and counted)
+    instead of corrupting the weights.
     """
     device = next(model.parameters()).device
     model.train()
@@ -141,7 +161,6 @@ def ppo_update(
     for _ in range(settings.ppo_epochs):
         for start in range(0, rows_total, settings.mini_batch_rows):
             rows = torch.arange(start, min(start + settings.mini_batch_rows, rows_total))
-            normalizer = batch.loss_mask[rows].sum().clamp(min=1.0).to(device)
             optimizer.zero_grad(set_to_none=True)
             for micro in micro_batches(batch, rows, settings.micro_batch_size):
                 micro = micro.to(device)
@@ -156,14 +175,12 @@ def ppo_update(
                                                           micro.attention_mask, first).logprobs
                 out = rapo_policy_loss(
                     current.logprobs, micro.old_logprobs, micro.advantages, micro.loss_mask, micro.f_ret,
-                    config, ref_logp=reference, entropies=current.entropies, token_normalizer=normalizer,
+                    config, ref_logp=reference, entropies=current.entropies,
                 )
-                out.loss.backward()
-                share = float(micro.loss_mask.sum().item()) / float(normalizer.item())
+                share = micro_batch_weight(config.loss_weighting, micro.loss_mask, batch.loss_mask[rows])
+                (out.loss * share).backward()
                 for name in ("policy_loss", "clip_fraction", "dual_clip_fraction", "approx_kl", "kl", "entropy"):
-                    value = getattr(out, name).item()
-                    # policy_loss is already divided by the mini-batch count; the others are micro means.
-                    totals[f"loss/{name}"].append(value if name == "policy_loss" else value * share)
+                    totals[f"loss/{name}"].append(getattr(out, name).item() * share)
                 tokens += int(micro.attention_mask.sum().item())
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), settings.grad_clip)
             if torch.isfinite(grad_norm):

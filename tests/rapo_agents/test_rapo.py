@@ -189,6 +189,25 @@ def test_rapo_advantage_hand_computed_and_weight_is_honoured():
     torch.testing.assert_close(fused_advantage(a_acc, a_ret, 0.0), a_acc)
 
 
+def test_dr_grpo_only_centres_both_advantages():
+    rewards = torch.tensor([1.0, 0.0, 0.0, 2.0], dtype=torch.float64)
+    z_ret = torch.tensor([0.0, 0.3, 0.0, 0.5], dtype=torch.float64)
+    groups = torch.tensor([0, 0, 0, 1])  # a group of one keeps mean 0, as in verl
+    advantages = rapo_advantages(rewards, z_ret, groups, 0.2, norm_by_std=False)
+    # group 0: A_acc = R - 1/3, A_ret = Z - 0.1; group 1: A_acc = 2, A_ret = 0.5
+    expected = [2 / 3 * (1 - 0.02), -1 / 3 * (1 + 0.04), -1 / 3 * (1 - 0.02), 2.0 * 1.1]
+    torch.testing.assert_close(advantages, torch.tensor(expected, dtype=torch.float64))
+    assert not torch.allclose(advantages, rapo_advantages(rewards, z_ret, groups, 0.2))
+
+
+def test_norm_adv_by_std_in_grpo_is_a_setting_with_verls_name():
+    from rapo_agents.config import load_config
+
+    assert RAPOConfig().norm_adv_by_std_in_grpo is True
+    assert load_config(None, ["norm_adv_by_std_in_grpo=false"]).algorithm.norm_adv_by_std_in_grpo is False
+    assert load_config(None, ["loss_weighting=micro_batch_mean"]).algorithm.loss_weighting == "micro_batch_mean"
+
+
 # ---------------------------------------------------------------- §7 loss
 
 
