@@ -134,6 +134,24 @@ class TokenCodec:
         return self.tokenizer.decode(array[array != self.pad_id].tolist(), skip_special_tokens=False)
 
 
+def _wrap_with_codec(
+    wrapper: gym.Wrapper,
+    base: type[gym.Wrapper],
+    env: gym.Env,
+    tokenizer: str,
+    max_tokens: int,
+    pad_id: int | None,
+    tokenizer_kwargs: dict[str, Any] | None,
+) -> TokenCodec:
+    """Both wrappers' construction: record the arguments (so that ``gym.make(env.spec)`` rebuilds the wrapper),
+    wrap ``env`` as ``base`` does, and return the codec."""
+    gym.utils.RecordConstructorArgs.__init__(
+        wrapper, tokenizer=tokenizer, max_tokens=max_tokens, pad_id=pad_id, tokenizer_kwargs=tokenizer_kwargs
+    )
+    base.__init__(wrapper, env)
+    return TokenCodec(tokenizer, max_tokens, pad_id, tokenizer_kwargs)
+
+
 class TokenIdsObservation(gym.Wrapper, gym.utils.RecordConstructorArgs):
     """Text observations -> ``Box(0, vocab_size - 1, (max_tokens,), int64)`` (see the module's padding convention).
 
@@ -149,19 +167,9 @@ class TokenIdsObservation(gym.Wrapper, gym.utils.RecordConstructorArgs):
         tokenizer_kwargs: extra ``AutoTokenizer.from_pretrained`` keyword arguments (JSON-serialisable).
     """
 
-    def __init__(
-        self,
-        env: gym.Env,
-        tokenizer: str,
-        max_tokens: int = 1024,
-        pad_id: int | None = None,
-        tokenizer_kwargs: dict[str, Any] | None = None,
-    ):
-        gym.utils.RecordConstructorArgs.__init__(
-            self, tokenizer=tokenizer, max_tokens=max_tokens, pad_id=pad_id, tokenizer_kwargs=tokenizer_kwargs
-        )
-        gym.Wrapper.__init__(self, env)
-        self.codec = TokenCodec(tokenizer, max_tokens, pad_id, tokenizer_kwargs)
+    def __init__(self, env: gym.Env, tokenizer: str, max_tokens: int = 1024, pad_id: int | None = None,
+                 tokenizer_kwargs: dict[str, Any] | None = None):
+        self.codec = _wrap_with_codec(self, gym.Wrapper, env, tokenizer, max_tokens, pad_id, tokenizer_kwargs)
         self.observation_space = self.codec.space
 
     def _encode_observation(self, observation: Any, info: dict[str, Any]) -> np.ndarray:
@@ -196,27 +204,14 @@ class TokenIdsAction(gym.ActionWrapper, gym.utils.RecordConstructorArgs):
     env sees exactly what the policy wrote. Arrays of the wrong shape, non-integer or
     out-of-vocabulary ids raise ``ValueError`` before the env is touched.
 
-    Args:
-        env: an env whose actions are text.
-        tokenizer: Hugging Face tokenizer name or local path.
-        max_tokens: length of the action array.
-        pad_id: padding id (default: the tokenizer's pad token, else EOS).
-        tokenizer_kwargs: extra ``AutoTokenizer.from_pretrained`` keyword arguments (JSON-serialisable).
+    Its arguments are `TokenIdsObservation`'s, for an env whose actions are text; ``max_tokens`` is the
+    length of the action array.
     """
 
-    def __init__(
-        self,
-        env: gym.Env,
-        tokenizer: str,
-        max_tokens: int = 512,
-        pad_id: int | None = None,
-        tokenizer_kwargs: dict[str, Any] | None = None,
-    ):
-        gym.utils.RecordConstructorArgs.__init__(
-            self, tokenizer=tokenizer, max_tokens=max_tokens, pad_id=pad_id, tokenizer_kwargs=tokenizer_kwargs
-        )
-        gym.ActionWrapper.__init__(self, env)
-        self.action_codec = TokenCodec(tokenizer, max_tokens, pad_id, tokenizer_kwargs)
+    def __init__(self, env: gym.Env, tokenizer: str, max_tokens: int = 512, pad_id: int | None = None,
+                 tokenizer_kwargs: dict[str, Any] | None = None):
+        self.action_codec = _wrap_with_codec(self, gym.ActionWrapper, env, tokenizer, max_tokens, pad_id,
+                                             tokenizer_kwargs)
         self.action_space = self.action_codec.space
 
     def action(self, action: Any) -> str:
