@@ -178,3 +178,42 @@ def test_sampling_params_come_from_the_config():
         engine.run([0], seed=3)
     assert {(p.temperature, p.top_p, p.top_k, p.max_new_tokens) for p in seen} == {(0.6, 0.95, 20, 50)}
     assert tuple(seen[0].stop) == ("</python>", "</answer>") and seen[0].seed != seen[1].seed
+
+
+def test_a_splice_over_the_response_budget_is_skipped_and_the_episode_goes_on():
+    """Spec §4: a retrieved step that does not fit the budget is left out; the rollout keeps its turns."""
+    from rapo_buffers.candidates import Candidate, StaticRetriever
+    from rapo_env.wrappers.retrieval import StepTraceRetrievalWrapper
+
+    long_step = "<python>\n" + "x = 1\n" * 80 + "print(42)\n</python> <result>\n42\n</result>"
+    retriever = StaticRetriever([Candidate(long_step, reward=1.0, score=0.9)])
+
+    def wrap(env):
+        return StepTraceRetrievalWrapper(env, retriever, retrieve_prob=1.0, no_retrieve_first_k=0, seed=0)
+
+    policy = ScriptedPolicy(TURNS)
+    with RolloutEngine("RAPO-Math-v0", policy, RolloutConfig(max_response_tokens=200), env_kwargs=ENV_KWARGS,
+                       wrappers=[wrap]) as engine:
+        [trajectory] = engine.run([0])
+        stats = engine.stats
+    assert len(long_step) > 200  # the splice alone exceeds the whole budget
+    assert trajectory.end_reason == "answer" and len(trajectory.steps) == 2  # the answer turn was still played
+    assert all(step.retrieval is None for step in trajectory.steps)
+    assert trajectory.extra["retrieval_tokens"] == 0 and trajectory.extra["retrieval_token_spans"] == []
+    assert trajectory.extra["skipped_splices"] == 1 and stats.skipped_splices == 1
+    check_token_record(trajectory, policy.tokenizer)
+
+
+def test_a_splice_that_fits_is_kept_and_only_the_env_text_is_ever_cut():
+    from rapo_agents.policies import ByteTokenizer, Generation
+    from rapo_agents.rollout.episode import EpisodeRecord
+
+    record = EpisodeRecord.start(ByteTokenizer(), "", "q", max_prompt_tokens=100, max_response_tokens=12)
+    record.add_generation(Generation(token_ids=[70, 71], text="CD", finish_reason="stop"), vocab_size=259)
+    fits = {"span": (3, 6)}
+    assert record.add_observation(" r>SPL", fits) and fits["token_span"] == (record.prompt_length + 5,
+                                                                             record.prompt_length + 8)
+    too_long = {"span": (2, 10)}
+    assert record.add_observation(" s" + "X" * 8, too_long)  # 2 env tokens fit, the 8 spliced ones do not
+    assert "token_span" not in too_long and record.skipped_splices == 1 and record.remaining == 2
+    assert not record.add_observation(" more", None)  # the env's own text is cut to the budget: the episode ends
