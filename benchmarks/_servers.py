@@ -14,9 +14,7 @@ import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from rapo_tools.serving import free_port  # noqa: E402, F401  (re-exported for the benchmarks)
+from rapo_tools.serving import free_port  # noqa: F401  (re-exported for the benchmarks)
 
 SCRIPTS_DIR = Path(__file__).resolve().parents[1] / "scripts"
 

@@ -10,17 +10,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import statistics
-import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+import gymnasium as gym
 
-import gymnasium as gym  # noqa: E402
-
-import rapo_env  # noqa: E402,F401
-from _report import report  # noqa: E402
-from rapo_tools.python_tool import PythonTool  # noqa: E402
+import rapo_env  # noqa: F401  (registers the envs)
+from _report import report
+from rapo_tools.python_tool import PythonTool
 
 TOOL_FREE_TURNS = ("<think>let me think about it</think>", "<answer>\\boxed{1}</answer>")
 

@@ -14,15 +14,12 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from _report import report  # noqa: E402
-from rapo_env.rewards.equivalence import VerifierPool  # noqa: E402
+from _report import report
+from rapo_env.rewards.equivalence import VerifierPool
 
 DATA = Path(os.environ.get("RAPO_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
 

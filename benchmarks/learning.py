@@ -18,16 +18,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # see rapo_agents/cli/train.py
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _report import RESULTS_DIR, report  # noqa: E402
+from _report import RESULTS_DIR, report
 
 CURVES = ("reward/mean", "accuracy", "format_rate", "tool_calls/mean", "retrieval/count_mean", "response_tokens/mean")
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"

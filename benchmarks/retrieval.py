@@ -38,29 +38,20 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from _report import RESULTS_DIR, report  # noqa: E402
-from _servers import (  # noqa: E402
-    encoder_batching_gain,
-    free_port,
-    plot_modes,
-    request_bodies,
-    run_load_test,
-    script_command,
-    script_server,
+from _report import RESULTS_DIR, report
+from _servers import (
+    encoder_batching_gain, free_port, plot_modes, request_bodies, run_load_test, script_command, script_server,
 )
 
-from rapo_agents.scripted import ExpertAgent  # noqa: E402
-from rapo_agents.buffer_build.builder import build_step_traces  # noqa: E402
-from rapo_buffers.index import build_step_index, step_index_sidecar  # noqa: E402
-from rapo_buffers.schema import write_buffer  # noqa: E402
-from rapo_env.protocol import find_last_tool_call, format_result  # noqa: E402
-from rapo_env.tasks.procedural_math import SPLIT_SEEDS, ProceduralMath  # noqa: E402
-from rapo_env.trajectory import StepRecord, Trajectory  # noqa: E402
-from rapo_tools.search.embedding import Embedder  # noqa: E402
-from rapo_tools.search.faiss_index import IndexConfig, build_index, save_index  # noqa: E402
+from rapo_agents.scripted import ExpertAgent
+from rapo_agents.buffer_build.builder import build_step_traces
+from rapo_buffers.index import build_step_index, step_index_sidecar
+from rapo_buffers.schema import write_buffer
+from rapo_env.protocol import find_last_tool_call, format_result
+from rapo_env.tasks.procedural_math import SPLIT_SEEDS, ProceduralMath
+from rapo_env.trajectory import StepRecord, Trajectory
+from rapo_tools.search.embedding import Embedder
+from rapo_tools.search.faiss_index import IndexConfig, build_index, save_index
 
 PAPER_STEPS = 169_489
 

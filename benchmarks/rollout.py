@@ -23,16 +23,14 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from benchmarks._report import RESULTS_DIR, report  # noqa: E402
-from rapo_agents.policies import SamplingParams, ScriptedPolicy  # noqa: E402
-from rapo_agents.rollout import RolloutConfig, RolloutEngine  # noqa: E402
+from _report import RESULTS_DIR, report
+from rapo_agents.policies import SamplingParams, ScriptedPolicy
+from rapo_agents.rollout import RolloutConfig, RolloutEngine
 
 TURNS = [
     "<think>first part</think>\n<python>\nx = 6 * 7\nprint(x)\n</python>",

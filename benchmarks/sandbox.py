@@ -34,10 +34,8 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from rapo_tools.aio import run_sync  # noqa: E402
-from rapo_tools.sandbox import SandboxConfig, make_executor  # noqa: E402
+from rapo_tools.aio import run_sync
+from rapo_tools.sandbox import SandboxConfig, make_executor
 
 SNIPPETS = {
     "a_sum": "print(sum(range(10**4)))",

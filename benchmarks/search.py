@@ -36,27 +36,18 @@ from pathlib import Path
 
 import numpy as np
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO_ROOT))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from _report import RESULTS_DIR, report  # noqa: E402
-from _servers import (  # noqa: E402
-    encoder_batching_gain,
-    free_port,
-    plot_modes,
-    request_bodies,
-    run_load_test,
-    script_command,
-    script_server,
+from _report import RESULTS_DIR, report
+from _servers import (
+    encoder_batching_gain, free_port, plot_modes, request_bodies, run_load_test, script_command, script_server,
 )
 
-from rapo_env.tasks.hotpotqa import load_hotpotqa  # noqa: E402
-from rapo_tools.search.cache import cached_corpus_index  # noqa: E402
-from rapo_tools.search.embedding import Embedder  # noqa: E402
-from rapo_tools.search.faiss_index import IndexConfig, build_index, load_index, save_index  # noqa: E402
-from rapo_tools.search.wiki_search import WikiSearch  # noqa: E402
+from rapo_env.tasks.hotpotqa import load_hotpotqa
+from rapo_tools.search.cache import cached_corpus_index
+from rapo_tools.search.embedding import Embedder
+from rapo_tools.search.faiss_index import IndexConfig, build_index, load_index, save_index
+from rapo_tools.search.wiki_search import WikiSearch
 
+REPO_ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(os.environ.get("RAPO_SHARED_DATA", REPO_ROOT.parent / "shared" / "data"))
 CORPUS = SHARED_DATA / "corpus" / "hipporag_hotpotqa_train_corpus.json"
 QUESTIONS = SHARED_DATA / "qa" / "hipporag_hotpotqa_train_100.json"

@@ -21,25 +21,21 @@ import argparse
 import copy
 import os
 import statistics
-import sys
 import tempfile
 import threading
 import time
-from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # see rapo_agents/cli/train.py
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import psutil  # noqa: E402
-import torch  # noqa: E402
+import psutil
+import torch
 
-from _report import report  # noqa: E402
-from rapo_agents.batch import TrainBatch  # noqa: E402
-from rapo_agents.rapo import RAPOConfig  # noqa: E402
-from rapo_agents.update import UpdateSettings, ppo_update  # noqa: E402
+from _report import report
+from rapo_agents.batch import TrainBatch
+from rapo_agents.rapo import RAPOConfig
+from rapo_agents.update import UpdateSettings, ppo_update
 
 
 class PeakMemory:

@@ -15,20 +15,17 @@ import asyncio
 import json
 import os
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from _report import report  # noqa: E402
-from rapo_env.envs.web import WebEnv  # noqa: E402
-from rapo_tools.aio import run_sync  # noqa: E402
-from rapo_tools.serving import serve_in_thread  # noqa: E402
-from rapo_tools.web.browse import BrowseTool  # noqa: E402
-from rapo_tools.web.providers.replay import ReplayProvider  # noqa: E402
-from rapo_tools.web.search_tool import WebSearchTool  # noqa: E402
+from _report import report
+from rapo_env.envs.web import WebEnv
+from rapo_tools.aio import run_sync
+from rapo_tools.serving import serve_in_thread
+from rapo_tools.web.browse import BrowseTool
+from rapo_tools.web.providers.replay import ReplayProvider
+from rapo_tools.web.search_tool import WebSearchTool
 
 KEY_ENV = "RAPO_BENCH_SITE_KEY"
 
