@@ -3,7 +3,8 @@
 One ``step`` is one model turn. The env runs the *last* complete tool call of the turn
 and returns `` <result>\\n...\\n</result>`` to append to the context. An ``<answer>``
 ends the episode with the task's reward over the whole transcript; the tool-call or
-turn limit truncates it. Bad model output never raises: it gets an observation that
+turn limit truncates it, and so does an empty call to a reference-mode python tool
+(``episode_end="empty_call"``). Bad model output never raises: it gets an observation that
 says what was wrong and, at the end, the format penalty.
 
 Example:
@@ -42,6 +43,7 @@ from rapo_env.rewards import Score
 from rapo_env.spaces import UnicodeText
 from rapo_env.tasks.base import Task
 from rapo_tools.base import Tool
+from rapo_tools.python_tool import EMPTY_CALL
 
 DEFAULT_MAX_TEXT_LENGTH = 65_536
 
@@ -192,6 +194,9 @@ class ToolEnv(gym.Env[str, str]):
         self.tool_calls += 1
         info.update(tool_ok=result.ok, tool_latency_s=result.latency_s, tool_error=result.error,
                     tool_truncated=result.truncated)
+        if result.error == EMPTY_CALL:  # a reference-mode tool: the official rollout stops at an empty call
+            info["episode_end"] = "empty_call"
+            return "", True
         return format_result(result.text), False
 
     def copy_episode_from(self, source: ToolEnv) -> None:

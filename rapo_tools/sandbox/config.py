@@ -18,6 +18,8 @@ import os
 import sys
 from typing import Any, Literal
 
+from rapo_tools.sandbox.repl import OutputStyle
+
 BACKENDS = ("local", "docker", "subprocess")
 MAX_CODE_BYTES = 8 << 20
 """The largest ``max_code_bytes``: JSON escapes can make code 6 times longer, and a worker frame holds 64 MiB."""
@@ -102,10 +104,17 @@ class SandboxConfig:
     """CPUs each worker container may use."""
     docker_base_url: str | None = None
     """Docker engine address; None: the environment's (``DOCKER_HOST`` or the local socket)."""
+    output: OutputStyle = "paper"
+    """How results read (``rapo_tools.sandbox.repl``): ``paper`` (rapo's: ``repr`` of a final expression, a hint
+    when nothing is printed, printed text kept before a traceback) or ``reference`` (the official tool's: ``str``
+    of a final expression, ``None`` too, stderr alone on failure; the python tool then also retries empty output
+    and an empty ``<python></python>`` ends the episode)."""
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
             raise ValueError(f"unknown sandbox backend {self.backend!r}; choose one of {BACKENDS}")
+        if self.output not in ("paper", "reference"):
+            raise ValueError(f"sandbox setting output must be 'paper' or 'reference', not {self.output!r}")
         for name in ("timeout_s", "max_output_bytes", "cpu_s", "memory_mb", "max_processes", "max_file_mb",
                      "max_open_files", "scratch_mb", "scratch_inodes", "max_code_bytes", "startup_timeout_s",
                      "docker_cpus"):

@@ -43,7 +43,7 @@ from typing import Any
 
 from rapo_tools.base import ServiceUnavailableError, ToolResult
 from rapo_tools.sandbox.config import SandboxConfig
-from rapo_tools.sandbox.repl import format_execution_output, timeout_message
+from rapo_tools.sandbox.repl import OutputStyle, format_execution_output, timeout_message
 from rapo_tools.sandbox.worker import FRAME_HEADER, encode_frame
 
 REPLY_GRACE_S = 5.0
@@ -218,12 +218,12 @@ def _forget_pools_after_fork() -> None:
 os.register_at_fork(after_in_child=_forget_pools_after_fork)
 
 
-def reply_to_result(reply: dict[str, Any], timeout_s: float) -> ToolResult:
+def reply_to_result(reply: dict[str, Any], timeout_s: float, style: OutputStyle = "paper") -> ToolResult:
     """Turn a worker's reply into the `ToolResult` the model sees."""
     if reply["timed_out"]:
         return ToolResult(text=timeout_message(timeout_s), ok=False, timed_out=True,
                           truncated=reply["truncated"], error="timeout")
-    text, ok = format_execution_output(reply["stdout"], reply["stderr"], reply["exit_code"])
+    text, ok = format_execution_output(reply["stdout"], reply["stderr"], reply["exit_code"], style)
     return ToolResult(text=text, ok=ok, truncated=reply["truncated"], error=None if ok else "execution_error")
 
 
@@ -330,7 +330,7 @@ class PooledExecutor:
                 ok=False,
                 error="sandbox_worker_lost",
             )
-        return reply_to_result(reply, self.config.timeout_s)
+        return reply_to_result(reply, self.config.timeout_s, self.config.output)
 
     async def aclose(self) -> None:
         """Let go of the shared pools; the last executor to let go of a pool stops its workers."""

@@ -16,7 +16,10 @@ Example:
 
 from __future__ import annotations
 
+import ast
+import io
 import signal
+from typing import Literal
 
 REPL_FUNCTION_SOURCE = r'''
 import ast as _rapo_ast, sys as _rapo_sys, traceback as _rapo_traceback
@@ -83,15 +86,60 @@ def describe_exit(exit_code: int) -> str:
     return f"the process was killed by {name}"
 
 
-def format_execution_output(stdout: str, stderr: str, exit_code: int | None) -> tuple[str, bool]:
-    """Build the text the model sees, as the reference tool does: stdout on success, stderr on failure.
+OutputStyle = Literal["paper", "reference"]
+"""How a call's output reads: ``paper`` (rapo's) or ``reference`` (the official RAPO tool's)."""
+
+
+def format_execution_output(
+    stdout: str, stderr: str, exit_code: int | None, style: OutputStyle = "paper"
+) -> tuple[str, bool]:
+    """Build the text the model sees: stdout on success, the error on failure.
+
+    ``paper``: a hint when nothing was printed, and what was printed before a failure stays in front of
+    its traceback (or of the reason the process stopped). ``reference``: exactly the official tool's
+    ``stdout.strip()`` on success and ``stderr.strip()`` on failure, empty or not.
 
     Returns the text and whether the run succeeded.
+
+    Example:
+        >>> format_execution_output("1\\n", "Traceback ...\\nValueError: x\\n", 1, "reference")
+        ('Traceback ...\\nValueError: x', False)
     """
+    if style == "reference":
+        return (stdout.strip(), True) if exit_code == 0 else (stderr.strip(), False)
     if exit_code == 0:
         return (stdout if stdout.strip() else "(no output; print() what you need to see)"), True
     detail = stderr.strip() or describe_exit(exit_code if exit_code is not None else -1)
     return (stdout + detail if stdout.strip() else detail), False
+
+
+def print_last_expression(code: str) -> str:
+    """The reference tool's REPL rule, applied to the source: a final bare expression becomes ``print(...)``.
+
+    So it shows ``str(value)``, and ``None`` too (the sandbox's own REPL rule shows ``repr`` and skips
+    ``None``). A final ``print(...)`` call and code that does not parse stay as they are. Only the last
+    statement's text is wrapped, so line numbers in tracebacks stay the user's.
+
+    Example:
+        >>> print_last_expression("x = 'a'\\nx * 2")
+        "x = 'a'\\nprint(x * 2)"
+    """
+    try:
+        body = ast.parse(code).body
+    except (SyntaxError, ValueError):  # ValueError: a NUL byte in the source
+        return code
+    if not body or not isinstance(body[-1], ast.Expr):
+        return code
+    value = body[-1].value
+    if isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and value.func.id == "print":
+        return code
+    lines = io.StringIO(code, newline="").readlines()  # the lines ast counts (str.splitlines also splits at \f)
+
+    def offset(line: int, column: int) -> int:  # ast columns count UTF-8 bytes
+        return sum(len(text) for text in lines[: line - 1]) + len(lines[line - 1].encode()[:column].decode())
+
+    start, end = offset(value.lineno, value.col_offset), offset(value.end_lineno, value.end_col_offset)
+    return f"{code[:start]}print({code[start:end]}){code[end:]}"
 
 
 def timeout_message(timeout_s: float) -> str:

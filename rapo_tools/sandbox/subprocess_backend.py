@@ -27,7 +27,7 @@ from collections.abc import Callable
 
 from rapo_tools.base import ToolResult
 from rapo_tools.sandbox.pool import code_problem
-from rapo_tools.sandbox.repl import REPL_FUNCTION_SOURCE, format_execution_output, timeout_message
+from rapo_tools.sandbox.repl import REPL_FUNCTION_SOURCE, OutputStyle, format_execution_output, timeout_message
 from rapo_tools.sandbox.worker import report_failure
 
 PASSED_ENVIRONMENT = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR", "HOME", "USER", "LOGNAME", "TERM")
@@ -144,11 +144,13 @@ class SubprocessExecutor:
         max_output_bytes: int = 64_000,
         python: str = sys.executable,
         max_code_bytes: int = 4 << 20,
+        output: OutputStyle = "paper",
     ) -> None:
         self.timeout_s = timeout_s
         self.max_output_bytes = max_output_bytes
         self.python = python
         self.max_code_bytes = max_code_bytes
+        self.output = output
 
     async def run(self, code: str) -> ToolResult:
         """Execute ``code`` with REPL semantics; never raises for anything the code does."""
@@ -176,7 +178,7 @@ class SubprocessExecutor:
         finally:
             kill_process_group(process.pid)  # the interpreter itself, should it still run
         text, ok = format_execution_output(
-            stdout.decode("utf-8", "replace"), stderr.decode("utf-8", "replace"), exit_code
+            stdout.decode("utf-8", "replace"), stderr.decode("utf-8", "replace"), exit_code, self.output
         )
         return ToolResult(text=text, ok=ok, truncated=out_cut or err_cut, error=None if ok else "execution_error")
 
