@@ -40,7 +40,7 @@ from rapo_agents.batch import build_batch
 from rapo_agents.policies.base import TOOL_STOP_STRINGS, Policy, SamplingParams
 from rapo_agents.rapo import RAPOConfig
 from rapo_agents.rollout import derive_seed
-from rapo_agents.rollout.episode import EpisodeRecord
+from rapo_agents.rollout.episode import Episode
 from rapo_agents.update import UpdateSettings, ppo_update
 from rapo_env.trajectory import Trajectory
 from rapo_env.wrappers.token_ids import TokenCodec, TokenIdsAction, TokenIdsObservation
@@ -174,12 +174,10 @@ class RapoSkrlAgent(Agent):
         self.optimizer = torch.optim.AdamW(
             policy.model.parameters(), lr=cfg.learning_rate, weight_decay=cfg.weight_decay
         )
-        self.records: list[EpisodeRecord | None] = []
-        self.questions: list[str] = []
-        self.rewards: list[float] = []
+        self.episodes: list[Episode | None] = []
+        """Each env slot's running episode (None between an episode's end and the next observation)."""
         self.pending_retrieval: list[dict[str, Any] | None] = []
         self.episodes_started = 0
-        self.episode_ids: list[int] = []
         self.finished: list[Trajectory] = []
         self.update_stats: list[dict[str, float]] = []
 
@@ -191,18 +189,19 @@ class RapoSkrlAgent(Agent):
         self._ensure_slots(count)
         for slot in range(count):
             text = self.observation_codec.decode(observations[slot].cpu().numpy())
-            record = self.records[slot]
-            if record is None:
+            episode = self.episodes[slot]
+            if episode is None:
                 self._start_episode(slot, text)
             else:
-                record.add_observation(text, self.pending_retrieval[slot])
+                episode.record.add_observation(text, self.pending_retrieval[slot])
                 self.pending_retrieval[slot] = None
         params = [self._sampling(slot) for slot in range(count)]
-        generations = self.policy.generate([self.records[slot].token_ids for slot in range(count)], params)
+        generations = self.policy.generate([self.episodes[slot].record.token_ids for slot in range(count)], params)
         actions = np.full((count, self.action_codec.max_tokens), self.action_codec.pad_id, dtype=np.int64)
         for slot, generation in enumerate(generations):
-            step = self.records[slot].add_generation(generation, self.vocab_size)
-            tokens = self.records[slot].token_ids[step.token_start : step.token_end]
+            record = self.episodes[slot].record
+            step = record.add_generation(generation, self.vocab_size)
+            tokens = record.token_ids[step.token_start : step.token_end]
             actions[slot, : len(tokens)] = tokens
         return torch.as_tensor(actions, device=self.device), {}
 
@@ -216,17 +215,22 @@ class RapoSkrlAgent(Agent):
         done = (terminated | truncated).view(-1).tolist()
         step_rewards = rewards.view(-1).tolist()
         for slot, ended in enumerate(done):
-            self.rewards[slot] += float(step_rewards[slot])
+            episode = self.episodes[slot]
+            episode.reward += float(step_rewards[slot])
             step_info = self._slot_info(infos.get("final_info", {}), slot) if ended else self._slot_info(infos, slot)
-            self.records[slot].steps[-1].tool = step_info.get("tool")
-            self.records[slot].steps[-1].tool_ok = step_info.get("tool_ok")
+            step = episode.record.steps[-1]
+            step.tool, step.tool_ok = step_info.get("tool"), step_info.get("tool_ok")
             if ended:
-                self.finished.append(self._trajectory(slot, step_info))
-                self.records[slot] = None  # SAME_STEP: the next observation opens a new episode
+                metrics = step_info.get("metrics")
+                episode.metrics = dict(metrics) if isinstance(metrics, dict) else {}
+                episode.num_tool_calls = int(step_info.get("tool_calls", 0) or 0)
+                episode.end_reason = str(step_info.get("episode_end", "done"))
+                self.finished.append(episode.to_trajectory("skrl"))
+                self.episodes[slot] = None  # SAME_STEP: the next observation opens a new episode
             else:
                 retrieval = step_info.get("retrieval")
                 self.pending_retrieval[slot] = dict(retrieval) if retrieval else None
-                self.records[slot].steps[-1].retrieval = self.pending_retrieval[slot]
+                step.retrieval = self.pending_retrieval[slot]
 
     def pre_interaction(self, *, timestep: int, timesteps: int) -> None:
         """Nothing to prepare: rollouts are the agent's own episode records."""
@@ -267,29 +271,26 @@ class RapoSkrlAgent(Agent):
     # ---- bookkeeping ----------------------------------------------------------------------------------
 
     def _ensure_slots(self, count: int) -> None:
-        while len(self.records) < count:
-            self.records.append(None)
-            self.questions.append("")
-            self.rewards.append(0.0)
+        while len(self.episodes) < count:
+            self.episodes.append(None)
             self.pending_retrieval.append(None)
-            self.episode_ids.append(0)
 
     def _start_episode(self, slot: int, prompt: str) -> None:
-        self.records[slot] = EpisodeRecord.start(
-            self.tokenizer, self.system_prompt, prompt, self.cfg.max_prompt_tokens, self.cfg.max_response_tokens
-        )
-        self.questions[slot] = prompt
-        self.rewards[slot] = 0.0
+        # The question is the task id: build_batch then groups the rollouts of one question.
+        episode = Episode(task_index=None, rollout_index=self.episodes_started, group_index=None)
+        episode.begin(prompt, {"task_id": prompt, "system_prompt": self.system_prompt}, self.tokenizer,
+                      self.cfg.max_prompt_tokens, self.cfg.max_response_tokens)
+        self.episodes[slot] = episode
         self.pending_retrieval[slot] = None
-        self.episode_ids[slot] = self.episodes_started
         self.episodes_started += 1
 
     def _sampling(self, slot: int) -> SamplingParams:
-        record = self.records[slot]
+        episode = self.episodes[slot]
+        record = episode.record
         budget = max(1, min(self.cfg.max_turn_tokens, record.remaining))
         return SamplingParams(
             temperature=self.cfg.temperature, top_p=self.cfg.top_p, max_new_tokens=budget, stop=TOOL_STOP_STRINGS,
-            seed=derive_seed(self.cfg.seed, self.episode_ids[slot], len(record.steps)),
+            seed=derive_seed(self.cfg.seed, episode.rollout_index, len(record.steps)),
         )
 
     @staticmethod
@@ -305,28 +306,3 @@ class RapoSkrlAgent(Agent):
             elif isinstance(values, np.ndarray):
                 info[key] = values[slot]
         return info
-
-    def _trajectory(self, slot: int, final_info: dict[str, Any]) -> Trajectory:
-        record = self.records[slot]
-        metrics = final_info.get("metrics")
-        return Trajectory(
-            task_id=self.questions[slot],
-            rollout_index=self.episode_ids[slot],
-            question=self.questions[slot],
-            system_prompt=self.system_prompt,
-            prompt=self.questions[slot],
-            steps=list(record.steps),
-            reward=self.rewards[slot],
-            metrics=dict(metrics) if isinstance(metrics, dict) else {},
-            num_tool_calls=int(final_info.get("tool_calls", 0) or 0),
-            end_reason=str(final_info.get("episode_end", "done")),
-            source="skrl",
-            token_ids=list(record.token_ids),
-            loss_mask=list(record.loss_mask),
-            logprobs=list(record.logprobs),
-            prompt_length=record.prompt_length,
-            extra={
-                "retrieval_tokens": record.retrieval_tokens,
-                "retrieval_token_spans": list(record.retrieval_token_spans),
-            },
-        )

@@ -197,7 +197,8 @@ class Episode:
     """The state of one running episode, and the only code that changes it.
 
     Args:
-        task_index, rollout_index, group_index: which question, which rollout of its group, which group of the run.
+        task_index, rollout_index, group_index: which question, which rollout of its group, which group of the
+            run (None for a driver that has no task list or groups, e.g. skrl's, which groups by task id).
 
     A driver (the rollout engine, the verl agent loop) calls `begin` after ``env.reset``, then alternates
     `add_generation` with `add_step` until `done`, and finally `to_trajectory`.
@@ -219,9 +220,9 @@ class Episode:
         ('answer', 1.0, 2)
     """
 
-    task_index: int
+    task_index: int | None
     rollout_index: int
-    group_index: int
+    group_index: int | None
     env: Any = None
     """The env playing this episode (a pooled one in the engine; None once released)."""
     record: EpisodeRecord | None = None
@@ -333,8 +334,8 @@ class Episode:
             source=source,
             **token_fields,
             extra={
-                "task_index": self.task_index,
-                "group_index": self.group_index,
+                **({"task_index": self.task_index} if self.task_index is not None else {}),
+                **({"group_index": self.group_index} if self.group_index is not None else {}),
                 **(record.token_extra() if record is not None else {}),
                 "finish_reasons": list(self.finish_reasons),
                 **({"error": self.error} if self.error else {}),

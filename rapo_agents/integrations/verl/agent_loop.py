@@ -6,12 +6,15 @@ verl's agent-loop workers call ``run`` once per rollout; the loop plays one epis
 1. ``env.reset(options={"task_index": row's extra_info.task_index, "rollout_index": session_id})``
    (verl's ``session_id`` is the rollout's index in its group, which drives the hybrid split);
 2. the chat template is applied once to the env's system prompt and question (rapo's
-   `EpisodeRecord`, the rollout engine's token bookkeeping);
+   `Episode`, the rollout engine's own episode state and token bookkeeping);
 3. each turn generates until a closing tool tag, runs ``env.step`` in a thread (tools are
    synchronous facades) and appends the observation's tokens once: the env's part and the
    spliced retrieval part are tokenized separately so that the retrieved tokens are counted exactly;
-4. ``response_mask`` is 1 on generated tokens only, the env's reward becomes ``reward_score``, and
-   the step spans and retrieval marks go to ``extra_fields["rapo"]`` (see `protocol`).
+4. the episode ends as in the rollout engine (the env ends it, or its text no longer fits the response
+   budget, scored then by the env's reward function; a retrieval splice that does not fit is skipped);
+5. ``response_mask`` is 1 on generated tokens only, the episode's reward becomes ``reward_score``, and
+   the step spans and retrieval marks go to ``extra_fields["rapo"]`` (see `protocol`): all read from
+   `Episode.to_trajectory`, the one conversion every rapo driver uses.
 
 Register it with verl by listing it in the agent-loop config (``configs/verl_agent_loops.yaml``):
 
@@ -39,7 +42,8 @@ import rapo_env  # noqa: F401  (registers the rapo env ids)
 from rapo_agents.integrations.verl.protocol import EXTRA_FIELD, episode_fields
 from rapo_agents.buffer_build.defaults import resolve_retriever
 from rapo_agents.policies.base import TOOL_STOP_STRINGS, Generation
-from rapo_agents.rollout.episode import EpisodeRecord
+from rapo_agents.rollout.episode import Episode
+from rapo_env.trajectory import Trajectory
 from rapo_env.wrappers import StepTraceRetrievalWrapper
 
 AGENT_NAME = "rapo_env_agent"
@@ -101,66 +105,58 @@ class RapoEnvAgentLoop(AgentLoopBase):
 
     async def _play(self, env: gym.Env, options: dict[str, Any], sampling_params: dict[str, Any]) -> AgentLoopOutput:
         prompt, info = await asyncio.to_thread(env.reset, options=options)
-        # rapo's own episode record: chat template once, policy tokens mask 1, observations and
-        # spliced retrieval text tokenized once each with mask 0 (the rollout engine's bookkeeping).
-        record = EpisodeRecord.start(
-            self.tokenizer, info["system_prompt"], prompt, self.rollout_config.prompt_length, self.response_length
-        )
+        # rapo's own episode state, as the rollout engine keeps it: chat template once, policy tokens mask 1,
+        # observations and spliced retrieval text tokenized once each with mask 0, the same end rules.
+        episode = Episode(options["task_index"], options["rollout_index"], group_index=0, env=env)
+        task = getattr(env.unwrapped, "task", None)
+        episode.begin(prompt, info, self.tokenizer, self.rollout_config.prompt_length, self.response_length,
+                      question=getattr(task, "question", prompt))
         params = {**sampling_params, "stop": list(TOOL_STOP_STRINGS), "include_stop_str_in_output": True}
-        reward, turns = 0.0, 0
         metrics = {"generate_sequences": 0.0, "tool_calls": 0.0}
         loop = asyncio.get_running_loop()
         for _ in range(self.max_turns):
-            if record.remaining <= 0:
-                break
             started = loop.time()
             output = await self.server_manager.generate(
-                request_id=uuid4().hex, prompt_ids=list(record.token_ids),
-                sampling_params={**params, "max_tokens": record.remaining},
+                request_id=uuid4().hex, prompt_ids=list(episode.record.token_ids),
+                sampling_params={**params, "max_tokens": episode.record.remaining},
             )
             metrics["generate_sequences"] += loop.time() - started
             tokens = list(output.token_ids)
             text = self.tokenizer.decode(tokens, skip_special_tokens=True)
-            record.add_generation(
+            episode.add_generation(
                 Generation(token_ids=tokens, text=text, finish_reason="stop", logprobs=output.log_probs),
                 self.vocab_size,
             )
-            turns += 1
             started = loop.time()
-            observation, step_reward, terminated, truncated, step_info = await asyncio.to_thread(env.step, text)
+            step = await asyncio.to_thread(env.step, text)
             metrics["tool_calls"] += loop.time() - started
-            reward += float(step_reward)
-            if terminated or truncated:
+            episode.add_step(*step)
+            if episode.done:
                 break
-            retrieval = step_info.get("retrieval")
-            record.steps[-1].retrieval = dict(retrieval) if retrieval else None
-            if not record.add_observation(observation, record.steps[-1].retrieval):
-                break
-        return self._output(record, reward, turns, metrics, bool(sampling_params.get("logprobs")))
+        return self._output(episode.to_trajectory(AGENT_NAME), metrics, bool(sampling_params.get("logprobs")))
 
     @property
     def vocab_size(self) -> int:
         return len(self.tokenizer)
 
     @staticmethod
-    def _output(record: EpisodeRecord, reward: float, turns: int, metrics: dict[str, float], logprobs: bool
-                ) -> AgentLoopOutput:
-        """verl's output of one episode: the response part of the record plus rapo's fields (see `protocol`)."""
-        offset = record.prompt_length
-        response_ids = record.token_ids[offset:]
+    def _output(trajectory: Trajectory, metrics: dict[str, float], logprobs: bool) -> AgentLoopOutput:
+        """verl's output of one episode: the response part of its trajectory plus rapo's fields (see `protocol`)."""
+        offset = trajectory.prompt_length
+        response_ids = trajectory.token_ids[offset:]
         fields = episode_fields(
-            [(step.token_start - offset, step.token_end - offset) for step in record.steps],
-            [int(step.retrieval is not None) for step in record.steps],
-            record.retrieval_tokens,
+            [(step.token_start - offset, step.token_end - offset) for step in trajectory.steps],
+            [int(step.retrieval is not None) for step in trajectory.steps],
+            trajectory.extra["retrieval_tokens"],
             len(response_ids),
         )
         return AgentLoopOutput(
-            prompt_ids=record.token_ids[:offset],
+            prompt_ids=trajectory.token_ids[:offset],
             response_ids=response_ids,
-            response_mask=record.loss_mask[offset:],
-            response_logprobs=record.logprobs[offset:] if logprobs else None,
-            reward_score=reward,
-            num_turns=2 * turns + 1,
+            response_mask=trajectory.loss_mask[offset:],
+            response_logprobs=trajectory.logprobs[offset:] if logprobs else None,
+            reward_score=trajectory.reward,
+            num_turns=2 * len(trajectory.steps) + 1,
             metrics=AgentLoopMetrics(**metrics),
             extra_fields={EXTRA_FIELD: fields},
         )

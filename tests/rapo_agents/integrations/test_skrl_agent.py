@@ -62,7 +62,7 @@ def test_sequential_trainer_runs_rapo_updates(tokenizer_dir, tiny_policy, tmp_pa
     assert any(changed)
     # SAME_STEP autoreset: no recorded step is a reset's dummy transition, so 16 turns make exactly 8 episodes.
     assert agent.episodes_started == 8 and [s["rapo/episodes"] for s in agent.update_stats] == [4.0, 4.0]
-    assert not agent.finished and all(record is None for record in agent.records)
+    assert not agent.finished and all(episode is None for episode in agent.episodes)
     assert not (tmp_path / "runs").exists()  # no checkpoints (they would pickle the LLM), no event files
 
 
