@@ -255,6 +255,7 @@ class TrainConfig:
             raise ConfigError("warmup needs sft_steps >= 0, sft_batch_size >= 1 and num_expert_episodes >= 1, "
                               f"got {warmup}")
         if warmup.sft_steps and self.data.source != "procedural_math":
+            check_data_source(self.data.source)  # a missing file is the first thing to say
             raise ConfigError("the warm-up clones the scripted expert, which solves only procedural math: "
                               "set warmup.sft_steps=0 for data.source=" + self.data.source)
         rollout = self.rollout
@@ -375,6 +376,107 @@ def _from_dict(cls: type, data: dict[str, Any], prefix: str = "", defaults: Any 
         raise ConfigError(f"{prefix.rstrip('.') or cls.__name__}: {error}") from error
 
 
+ALIASES: dict[str, str] = {
+    # TRL (GRPOConfig / TrainingArguments)
+    "learning_rate": "optim.lr",
+    "num_generations": "rollout.rollout_n",
+    "per_device_train_batch_size": "optim.micro_batch_size",
+    "max_grad_norm": "optim.grad_clip",
+    "max_steps": "optim.total_steps",
+    "num_train_epochs": "optim.total_epochs",
+    "max_completion_length": "rollout.max_response_tokens",
+    "max_prompt_length": "rollout.max_prompt_tokens",
+    "model_name_or_path": "model.path",
+    "num_iterations": "optim.ppo_epochs",
+    # verl (ppo_trainer.yaml)
+    "actor_rollout_ref.rollout.n": "rollout.rollout_n",
+    "actor_rollout_ref.rollout.temperature": "rollout.temperature",
+    "actor_rollout_ref.rollout.top_p": "rollout.top_p",
+    "actor_rollout_ref.rollout.gpu_memory_utilization": "rollout.gpu_memory_utilization",
+    "actor_rollout_ref.actor.optim.lr": "optim.lr",
+    "actor_rollout_ref.actor.ppo_mini_batch_size": "optim.ppo_mini_batch_size",
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": "optim.micro_batch_size",
+    "actor_rollout_ref.actor.ppo_epochs": "optim.ppo_epochs",
+    "actor_rollout_ref.actor.grad_clip": "optim.grad_clip",
+    "actor_rollout_ref.actor.clip_ratio_low": "algorithm.clip_ratio_low",
+    "actor_rollout_ref.actor.clip_ratio_high": "algorithm.clip_ratio_high",
+    "actor_rollout_ref.actor.clip_ratio_c": "algorithm.clip_ratio_c",
+    "actor_rollout_ref.actor.kl_loss_coef": "algorithm.kl_coef",
+    "actor_rollout_ref.model.path": "model.path",
+    "data.train_batch_size": "optim.train_batch_size",
+    "data.max_prompt_length": "rollout.max_prompt_tokens",
+    "data.max_response_length": "rollout.max_response_tokens",
+    "data.train_files": "data.source",
+    "trainer.total_training_steps": "optim.total_steps",
+    "trainer.total_epochs": "optim.total_epochs",
+    "trainer.default_local_dir": "logging.output_dir",
+    "trainer.save_freq": "logging.save_every",
+    "trainer.project_name": "logging.project",
+}
+"""Names that TRL and verl users type, accepted for the same rapo settings (``learning_rate=1e-6``)."""
+
+CHOICES: dict[str, tuple[str, ...]] = {
+    "model.dtype": ("auto", "float32", "bfloat16", "float16"),
+    "model.gradient_checkpointing": ("auto", "true", "false"),
+    "model.bf16_autocast": ("auto", "true", "false"),
+    "device": ("auto", "cpu", "cuda"),
+}
+"""Allowed values of string settings that `TrainConfig` does not check itself (``cuda:N`` is a ``cuda``)."""
+
+
+def check_data_source(source: str) -> None:
+    """``data.source`` is ``procedural_math``, ``hf:<name>`` or an existing task file, else `ConfigError`."""
+    if source == "procedural_math" or source.startswith("hf:") or Path(source).expanduser().is_file():
+        return
+    raise ConfigError(f"data.source: no task file at {source}; give an existing JSONL/JSON/parquet file, "
+                      "hf:<name>, or procedural_math (the generated default)")
+
+
+def _setting(config: TrainConfig, path: str) -> Any:
+    value: Any = config
+    for part in path.split("."):
+        value = getattr(value, part)
+    return value
+
+
+def check_config(config: TrainConfig) -> None:
+    """What `TrainConfig` cannot check without looking at the machine: files, the env registry, the model,
+    and the values of `CHOICES`. The ``rapo train`` command runs it before any work starts.
+
+    Raises:
+        ConfigError: naming the setting and the fix.
+    """
+    import gymnasium as gym
+
+    import rapo_env
+    from rapo_tools.models import is_embedded, require_embedded_packages
+
+    check_data_source(config.data.source)
+    for path, allowed in CHOICES.items():
+        value = str(_setting(config, path)).lower()
+        if value.split(":", 1)[0] not in allowed:
+            raise ConfigError(f"{path} must be one of {', '.join(allowed)}, got {_setting(config, path)!r}")
+    if config.data.env_id not in gym.registry:
+        raise ConfigError(f"data.env_id: {config.data.env_id!r} is not a registered env; use one of "
+                          f"{', '.join(rapo_env.RAPO_ENV_IDS)}")
+    model = config.model.path
+    if is_embedded(model):
+        require_embedded_packages()
+    elif model.startswith(("/", ".", "~")) and not Path(model).expanduser().exists():
+        raise ConfigError(f"model.path: no model folder at {model}; give a folder, a hub id, or embedded")
+    retrieval = config.retrieval
+    if retrieval.enabled and not retrieval.retriever.startswith(("http://", "https://")):
+        if retrieval.retriever != "default" and not Path(retrieval.retriever).expanduser().is_file():
+            raise ConfigError(f"retrieval.retriever: no buffer JSONL at {retrieval.retriever}; give `default`, a "
+                              "buffer JSONL (`rapo buffer build`) or a /retrieve URL")
+        if retrieval.index_path and not Path(retrieval.index_path).expanduser().is_file():
+            raise ConfigError(f"retrieval.index_path: no index at {retrieval.index_path}; build it with "
+                              "`rapo buffer index`")
+    output = Path(config.logging.output_dir).expanduser()
+    if output.exists() and not output.is_dir():
+        raise ConfigError(f"logging.output_dir: {output} is a file; give a folder for the run")
+
+
 def leaf_paths(cls: type = TrainConfig, prefix: str = "") -> list[str]:
     """Every settable dotted key of a config class.
 
@@ -400,13 +502,20 @@ def resolve_key(key: str) -> str:
     paths = leaf_paths()
     if key in paths:
         return key
+    if key in ALIASES:
+        return ALIASES[key]
     matches = [path for path in paths if path.rsplit(".", 1)[-1] == key]
     if len(matches) == 1:
         return matches[0]
     if len(matches) > 1:
         raise ConfigError(f"{key!r} is ambiguous: use one of {matches}")
-    close = difflib.get_close_matches(key, paths + [path.rsplit(".", 1)[-1] for path in paths], n=3)
-    raise ConfigError(f"unknown setting {key!r}" + (f"; did you mean {', '.join(close)}?" if close else ""))
+    leaf = key.rsplit(".", 1)[-1]
+    if leaf in ALIASES:  # optim.learning_rate: a known name under a guessed section
+        close = [ALIASES[leaf]]
+    else:
+        close = difflib.get_close_matches(key, paths + [path.rsplit(".", 1)[-1] for path in paths], n=3)
+    raise ConfigError(f"unknown setting {key!r}" + (f"; did you mean {', '.join(close)}?" if close else "")
+                      + " (`rapo train --help` lists every setting)")
 
 
 def parse_overrides(overrides: Iterable[str]) -> dict[str, Any]:

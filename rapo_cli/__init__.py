@@ -2,6 +2,9 @@
 imported only when it is used, so ``rapo --help`` stays fast and a missing optional
 dependency only affects its own subcommand.
 
+A user's mistake (a missing file, an unknown env, a bad setting) ends with one line naming the setting
+and the fix, and exit code 2; ``--debug`` or ``RAPO_DEBUG=1`` shows tracebacks (`rapo_cli.errors`).
+
 Example:
     >>> main(["envs"])  # doctest: +SKIP
 """
@@ -12,6 +15,8 @@ import argparse
 import importlib
 import sys
 
+from rapo_cli.errors import debug_requested, describe
+
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     # name: (module, one-line help)
     "envs": ("rapo_cli.envs", "list the registered environments, their tools and datasets"),
@@ -20,6 +25,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "buffer": ("rapo_cli.buffer", "build, index and serve a step-trace buffer (POST /retrieve)"),
     "train": ("rapo_cli.train", "train a policy with RAPO (no arguments: the embedded CPU default)"),
     "search": ("rapo_cli.search", "build a knowledge-search index and serve it at POST /wikiSearch"),
+    "export": ("rapo_cli.export", "export a training checkpoint's policy as a Hugging Face model folder"),
 }
 
 
@@ -36,14 +42,31 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``rapo`` console script."""
-    argv = list(sys.argv[1:] if argv is None else argv)
+    """Entry point of the ``rapo`` console script.
+
+    A user's mistake prints one line and returns 2; a bug prints one line and returns 1; ``--debug``
+    (anywhere on the line) or ``RAPO_DEBUG=1`` lets every exception through with its traceback.
+    """
+    debug, argv = debug_requested(list(sys.argv[1:] if argv is None else argv))
     parser = build_parser()
     if not argv or argv[0] not in SUBCOMMANDS:
         parser.parse_args(argv or ["--help"])  # prints help or the "invalid choice" error and exits
         return 2
     name, rest = argv[0], argv[1:]
-    module = importlib.import_module(SUBCOMMANDS[name][0])
-    sub_parser = argparse.ArgumentParser(prog=f"rapo {name}", description=module.HELP)
-    module.add_arguments(sub_parser)
-    return int(module.run(sub_parser.parse_args(rest)) or 0)
+    try:
+        module = importlib.import_module(SUBCOMMANDS[name][0])
+        sub_parser = argparse.ArgumentParser(prog=f"rapo {name}", description=module.HELP,
+                                             formatter_class=argparse.RawDescriptionHelpFormatter)
+        module.add_arguments(sub_parser)
+        return int(module.run(sub_parser.parse_args(rest)) or 0)
+    except KeyboardInterrupt:
+        if debug:
+            raise
+        print(f"rapo {name}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as error:
+        if debug:
+            raise
+        code, line = describe(error, name)
+        print(line, file=sys.stderr)
+        return code

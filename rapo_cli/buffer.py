@@ -17,6 +17,8 @@ import logging
 import sys
 import time
 
+from rapo_cli import checks
+
 HELP = "Build a step-trace buffer from trajectories, index it, or serve it at POST /retrieve."
 SOURCES = ("trajectories", "scripted", "gsm8k")
 
@@ -86,10 +88,17 @@ def add_index_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--device", default=None, help="encoder device (default: cuda when available)")
     parser.add_argument("--batch-size", "--batch_size", type=int, default=64, help="texts per encoder forward pass")
+    parser.add_argument(
+        "--encoder",
+        choices=("paper", "reference"),
+        default="paper",
+        help="paper: MiniLM mean pooling, 256 tokens; reference: the official last-token state, 512 tokens "
+        "(both keep the newest tokens; recorded in the sidecar, queries are encoded the same way)",
+    )
 
 
 def run_index(args: argparse.Namespace) -> int:
-    from rapo_buffers.index import build_step_index
+    from rapo_buffers.index import ENCODINGS, build_step_index
     from rapo_buffers.schema import read_buffer
     from rapo_tools.search.embedding import Embedder
     from rapo_tools.search.faiss_index import IndexConfig
@@ -100,7 +109,14 @@ def run_index(args: argparse.Namespace) -> int:
         return 1
     started = time.perf_counter()
     embedder = Embedder(args.model, device=args.device, batch_size=args.batch_size)
-    sidecar = build_step_index(traces, args.index_path, embedder, IndexConfig(kind=args.index_kind), args.corpus_path)
+    sidecar = build_step_index(
+        traces,
+        args.index_path,
+        embedder,
+        IndexConfig(kind=args.index_kind),
+        args.corpus_path,
+        encoder=ENCODINGS[args.encoder],
+    )
     print(
         f"indexed {sidecar['count']} steps ({read_stats.skipped} non-step lines skipped) with {sidecar['model']} "
         f"into {args.index_path} in {time.perf_counter() - started:.1f} s"
@@ -118,6 +134,9 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default=None, help="encoder device (default: cuda when available)")
     parser.add_argument("--no-micro-batching", action="store_true", help="one search per request (the baseline)")
     parser.add_argument("--max-batch-size", type=int, default=128, help="most queries per batched search")
+    from rapo_tools.serving import add_connection_arguments
+
+    add_connection_arguments(parser)
 
 
 def run_serve(args: argparse.Namespace) -> int:
@@ -125,7 +144,7 @@ def run_serve(args: argparse.Namespace) -> int:
     from rapo_buffers.service import create_retrieval_app
     from rapo_tools.search.embedding import Embedder
     from rapo_tools.search.service import BatchingConfig
-    from rapo_tools.serving import serve
+    from rapo_tools.serving import connection_limits, serve
 
     logging.basicConfig(level=logging.INFO)
     embedder = Embedder(args.model, device=args.device) if args.model or args.device else None
@@ -136,7 +155,7 @@ def run_serve(args: argparse.Namespace) -> int:
         health_info=lambda: {"steps": len(retriever.traces), "model": retriever.embedder.model_name},
         default_topk=args.topk,
     )
-    serve(app, host=args.host, port=args.port)
+    serve(app, host=args.host, port=args.port, connection_limits=connection_limits(args))
     return 0
 
 
@@ -157,5 +176,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         add(actions.add_parser(name, help=help_text, description=help_text))
 
 
+def check_arguments(args: argparse.Namespace) -> None:
+    """The files each action reads exist and its outputs can be written, before any work starts."""
+    if args.action == "build":
+        fix = "give a GSM8K JSONL" if args.source == "gsm8k" else "give a trajectory JSONL (`rapo rollout` writes one)"
+        for path in args.input:
+            checks.existing_file(path, "--input", fix)
+        checks.output_file(args.output, "--output")
+        checks.model(args.tokenizer, "--tokenizer")
+        return
+    checks.existing_file(args.corpus_path, "--corpus_path", "give a buffer JSONL (`rapo buffer build` writes one)")
+    if args.action == "index":
+        checks.output_file(args.index_path, "--index_path")
+    else:
+        checks.existing_file(args.index_path, "--index_path", "build one with `rapo buffer index`")
+    checks.model(args.model, "--model")
+
+
 def run(args: argparse.Namespace) -> int:
+    check_arguments(args)
     return _COMMANDS[args.action][1](args)

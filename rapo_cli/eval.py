@@ -1,7 +1,7 @@
 """``rapo eval``: evaluate a policy on any registered env; per-question JSONL, resumable, with a summary table.
 
 Example:
-    rapo eval --env RAPO-Math-v0 --limit 20 --output runs/eval_math.jsonl
+    rapo eval --env RAPO-Math-v0 --limit 20 --output runs/eval_math.jsonl   # the embedded SmolLM2-135M
     rapo eval --env RAPO-Math-v0 --env-kwargs '{"dataset": "../shared/data/math/gsm8k_test.jsonl"}' --greedy
     rapo eval --policy openai --base-url http://127.0.0.1:8000/v1 --tokenizer path/to/tokenizer
 """
@@ -9,9 +9,15 @@ Example:
 from __future__ import annotations
 
 import argparse
-import json
+
+from rapo_cli import checks
 
 HELP = "Evaluate a policy on an env (math-verify accuracy for math; EM/F1 for QA and web); resumable JSONL."
+EMBEDDED_MAX_TOKENS = 512
+"""Default ``--max-tokens`` of the embedded SmolLM2-135M (the training default is 256)."""
+SCRIPTED_NOTE = ("--policy scripted plays fixed turns (it answers \\boxed{0}): a smoke test of the pipeline whose "
+                 "accuracy is 0 by design. The scripted expert that solves procedural math is "
+                 "`rapo rollout --policy expert`.")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -29,13 +35,44 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--temperature", type=float, default=defaults.temperature)
     parser.add_argument("--top-p", type=float, default=defaults.top_p)
     parser.add_argument("--top-k", type=int, default=defaults.top_k)
-    parser.add_argument("--max-tokens", type=int, default=defaults.max_response_tokens, help="response token budget")
+    parser.add_argument("--max-tokens", type=int, default=None,
+                        help=f"response token budget (default: {EMBEDDED_MAX_TOKENS} for the embedded SmolLM2-135M, "
+                             f"{defaults.max_response_tokens} for any other model)")
     parser.add_argument("--max-tool-calls", type=int, default=None,
                         help="tool-call limit (default: 5 for python-only envs, 10 with search)")
     parser.add_argument("--metric", default="auto", choices=["auto", "math", "qa"])
     parser.add_argument("--output", default=None, help="per-question JSONL (default runs/eval_<env>.jsonl)")
     parser.add_argument("--no-resume", action="store_true", help="start over instead of skipping rows in --output")
     parser.add_argument("--seed", type=int, default=0)
+
+
+def max_tokens(args: argparse.Namespace) -> int:
+    """``--max-tokens``, or the default that fits the model: the embedded 135M model rarely needs more than
+    a few hundred tokens, and 4096 of them take minutes per episode on a CPU."""
+    from rapo_agents.evaluation import EvalConfig
+    from rapo_tools.models import is_embedded
+
+    if args.max_tokens is not None:
+        return args.max_tokens
+    embedded = args.policy in ("hf", "scripted") and (args.model is None or is_embedded(args.model))
+    return EMBEDDED_MAX_TOKENS if embedded else EvalConfig().max_response_tokens
+
+
+def check_arguments(args: argparse.Namespace) -> dict:
+    """Every option checked before a model loads; returns ``--env-kwargs`` as a dict."""
+    checks.env_id(args.env)
+    env_kwargs = checks.env_kwargs(args.env_kwargs)
+    checks.policy(args)
+    for name in ("limit", "rollouts", "max_tokens"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise checks.UsageError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+    checks.output_file(args.output or default_output(args.env), "--output")
+    return env_kwargs
+
+
+def default_output(env: str) -> str:
+    return f"runs/eval_{env}.jsonl"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -45,25 +82,25 @@ def run(args: argparse.Namespace) -> int:
     from rapo_agents.evaluation import EvalConfig, evaluate
     from rapo_agents.policies.factory import policy_from_args
 
-    try:
-        env_kwargs = json.loads(args.env_kwargs)
-    except json.JSONDecodeError as error:
-        raise SystemExit(f"--env-kwargs is not valid JSON: {error}") from error
+    env_kwargs = check_arguments(args)
+    console = Console()
+    if args.policy == "scripted":
+        console.print(SCRIPTED_NOTE)
     config = EvalConfig(
         env=args.env, env_kwargs=env_kwargs, limit=args.limit, rollouts=args.rollouts,
         temperature=0.0 if args.greedy else args.temperature, top_p=args.top_p, top_k=args.top_k,
-        max_response_tokens=args.max_tokens, max_tool_calls=args.max_tool_calls, metric=args.metric,
-        output=args.output or f"runs/eval_{args.env}.jsonl", resume=not args.no_resume, seed=args.seed,
+        max_response_tokens=max_tokens(args), max_tool_calls=args.max_tool_calls, metric=args.metric,
+        output=args.output or default_output(args.env), resume=not args.no_resume, seed=args.seed,
     )
     report = evaluate(policy_from_args(args), config)
     summary = report.summary
-    table = Table(title=f"{config.env}: {summary['n']} rollouts ({args.policy}, metric {summary['metric']})")
+    policy = "scripted: fixed turns, a smoke test" if args.policy == "scripted" else args.policy
+    table = Table(title=f"{config.env}: {summary['n']} rollouts ({policy}, metric {summary['metric']})")
     columns = [k for k in ("accuracy", "em", "f1", "mean_reward", "mean_tool_calls", "mean_tokens") if k in summary]
     for column in columns:
         table.add_column(column, justify="right")
     table.add_row(*(f"{summary[c]:.3f}" if c in ("accuracy", "em", "f1", "mean_reward") else f"{summary[c]:.1f}"
                     for c in columns))
-    console = Console()
     console.print(table)
     console.print(f"rows written to {config.output}")
     return 0

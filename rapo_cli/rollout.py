@@ -13,7 +13,8 @@ Example:
 from __future__ import annotations
 
 import argparse
-import json
+
+from rapo_cli import checks
 
 HELP = "Play episodes with a policy and write trajectories as JSONL (the off-policy source of the buffer)."
 
@@ -72,10 +73,14 @@ def run(args: argparse.Namespace) -> int:
 
     from rapo_env.trajectory import write_jsonl
 
-    try:
-        env_kwargs = json.loads(args.env_kwargs)
-    except json.JSONDecodeError as error:
-        raise SystemExit(f"--env-kwargs is not valid JSON: {error}") from error
+    checks.env_id(args.env)
+    env_kwargs = checks.env_kwargs(args.env_kwargs)
+    if args.policy != "expert":
+        checks.policy(args)
+    for name in ("episodes", "rollouts_per_question", "max_tokens"):
+        if getattr(args, name) < 1:
+            raise checks.UsageError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    checks.output_file(args.output, "--output")
     if args.policy == "expert":
         trajectories, source = _expert_rollouts(args, env_kwargs)
     else:

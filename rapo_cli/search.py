@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import logging
 
+from rapo_cli import checks
 from rapo_tools.search.server import add_build_arguments, add_serve_arguments, run_build, run_serve
 
 HELP = "Build a knowledge-search index (build-index) and serve it at POST /wikiSearch (serve)."
@@ -27,6 +28,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_serve_arguments(actions.add_parser("serve", help="serve an index at POST /wikiSearch with micro-batching"))
 
 
+def check_arguments(args: argparse.Namespace) -> None:
+    """The files each action reads exist, and the index can be written."""
+    if args.action == "build-index":
+        checks.existing_file(args.corpus_path, "--corpus_path", "give a wiki-18 JSONL or a {title, text} JSONL/JSON")
+        checks.output_file(args.index_path, "--index_path")
+    else:
+        checks.existing_file(args.index_path, "--index_path", "build one with `rapo search build-index`")
+        if args.corpus_path is not None:
+            checks.existing_file(args.corpus_path, "--corpus_path", "give the corpus the index was built from")
+    checks.model(args.model, "--model")
+
+
 def run(args: argparse.Namespace) -> int:
+    check_arguments(args)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     return _ACTIONS[args.action](args)

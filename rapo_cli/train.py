@@ -2,7 +2,7 @@
 
 With no arguments it runs the embedded default job: SmolLM2-135M-Instruct on procedural math with
 the sandboxed python tool, hybrid rollouts over the scripted-expert buffer retrieved in-process,
-on CPU. Examples::
+on CPU. ``rapo train --help`` lists every setting. Examples::
 
     rapo train
     rapo train retrieval.enabled=false logging.output_dir=runs/grpo      # GRPO
@@ -14,6 +14,8 @@ on CPU. Examples::
 from __future__ import annotations
 
 import argparse
+
+from rapo_cli import checks
 
 HELP = "Train a policy with RAPO; no arguments = the embedded CPU default (SmolLM2-135M, procedural math)."
 
@@ -32,7 +34,16 @@ SUMMARY_KEYS = (
 )
 
 
+SETTINGS_INTRO = """settings (key=value; a key's last part alone works when it is unique, e.g. rollout_n=8;
+values are YAML; TRL/verl names such as learning_rate or actor_rollout_ref.rollout.n are accepted too):"""
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from rapo_agents.config import TrainConfig
+    from rapo_cli.settings_help import render
+
+    examples = __doc__.split("Examples::", 1)[1].rstrip()
+    parser.epilog = f"examples:{examples}\n\n{SETTINGS_INTRO}\n\n{render(TrainConfig)}"
     parser.add_argument("--config", default=None,
                         help="YAML config (default: the embedded defaults, as in configs/default.yaml)")
     parser.add_argument("overrides", nargs="*", metavar="key=value",
@@ -56,6 +67,49 @@ def summary_table(history: list[dict], title: str):
     return table
 
 
+def heldout_table(result):
+    """A rich table of held-out accuracy: warm-up only (before RL) against after RL, with CIs and the difference."""
+    from rich.table import Table
+
+    before, after = result.heldout[0], result.heldout[-1]
+    table = Table(title=f"held-out accuracy ({len(after.correct)} questions, greedy, 95% bootstrap CI)")
+    for column in ("", "accuracy", "95% CI", "format rate", "tool calls", "mean reward"):
+        table.add_column(column, justify="right" if column else "left")
+
+    def row(label, evaluation):
+        metrics = evaluation.metrics
+        table.add_row(label, f"{metrics['eval/accuracy']:.3f}",
+                      f"[{metrics['eval/accuracy_ci_low']:.3f}, {metrics['eval/accuracy_ci_high']:.3f}]",
+                      f"{metrics['eval/format_rate']:.2f}", f"{metrics['eval/tool_calls']:.2f}",
+                      f"{metrics['eval/reward']:.3f}")
+
+    row("warm-up only (step 0)", before)
+    row(f"after RL (step {after.step})", after)
+    difference = result.heldout_difference
+    if difference is not None:
+        verdict = "CI above 0" if difference.low > 0 else "CI includes 0" if difference.high >= 0 else "CI below 0"
+        table.add_row("difference", f"{difference.mean:+.3f}", f"[{difference.low:+.3f}, {difference.high:+.3f}]",
+                      "", "", verdict)
+    return table
+
+
+def profile_table(profile: dict[str, float]):
+    """A rich table of the seconds spent per phase of the run."""
+    from rich.table import Table
+
+    table = Table(title="where the time went (this process)")
+    table.add_column("phase")
+    table.add_column("seconds", justify="right")
+    table.add_column("share", justify="right")
+    # rollout contains generate and tools (they overlap): the total counts rollout once.
+    total = sum(seconds for phase, seconds in profile.items() if phase not in ("generate", "tools")) or 1.0
+    for phase, seconds in profile.items():
+        label = f"  {phase} (in rollout)" if phase in ("generate", "tools") else phase
+        table.add_row(label, f"{seconds:.1f}", f"{seconds / total:.0%}")
+    table.add_row("total", f"{total:.1f}", "")
+    return table
+
+
 def run(args: argparse.Namespace) -> int:
     import os
 
@@ -67,14 +121,13 @@ def run(args: argparse.Namespace) -> int:
     import yaml
     from rich.console import Console
 
-    from rapo_agents.config import ConfigError, load_config
+    from rapo_agents.config import check_config, load_config
 
     console = Console()
-    try:
-        config = load_config(args.config, args.overrides)
-    except (ConfigError, FileNotFoundError) as error:
-        console.print(f"[red]config error:[/red] {error}")
-        return 2
+    if args.config is not None:
+        checks.existing_file(args.config, "--config", "give a YAML config such as configs/grpo.yaml")
+    config = load_config(args.config, args.overrides)
+    check_config(config)  # files, env id, model and choices, before the model loads
     if args.print_config:
         print(yaml.safe_dump(config.to_dict(), sort_keys=False), end="")  # plain: no rich markup or wrapping
         return 0
@@ -86,8 +139,17 @@ def run(args: argparse.Namespace) -> int:
     console.print(f"{mode}: {trainer.total_steps} steps of {config.optim.train_batch_size} questions x "
                   f"{config.rollout.rollout_n} rollouts on {trainer.device}; run folder {trainer.output_dir}")
     result = trainer.train()
+    if result.already_complete:
+        console.print(f"{trainer.output_dir} is already complete at step {result.steps} (checkpoint "
+                      f"{result.checkpoint}). Start a new run with logging.output_dir=<new folder>, or train this "
+                      f"folder again from scratch with logging.resume=false.")
+        return 0
     if result.history:
         console.print(summary_table(result.history, f"{mode} on {config.data.env_id} ({result.steps} steps)"))
+    if len(result.heldout) >= 2:
+        console.print(heldout_table(result))
+    if result.profile:
+        console.print(profile_table(result.profile))
     if result.interrupted:
         console.print(f"interrupted: checkpoint {result.checkpoint}; run again to resume")
     console.print(f"metrics: {result.output_dir / 'metrics.jsonl'}")

