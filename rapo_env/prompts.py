@@ -34,3 +34,11 @@ def build_system_prompt(tools: Mapping[str, str], max_tool_calls: int | None = N
         "When you are sure, give the final answer inside <answer> </answer>, with the exact final answer "
         "in \\boxed{}, for example <answer>The total is \\boxed{42}</answer>."
     )
+
+
+REFERENCE_FALLBACK_TEXT = (
+    " \n<think> Solve this problem carefully using own reasoning without tool calls. "
+    "Think step by step and self-check before answering.</think>\n"
+)
+"""The official code's splice when the best retrieved candidate's reward is <= 0 (``RetrieveTool``), in its
+``<think>`` wrapper; the retrieval wrapper uses it with ``hybrid_rule="reference"``."""
