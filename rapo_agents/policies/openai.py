@@ -8,8 +8,10 @@ top-k log-probs come back when the server returns them; entropies are then the t
 entropy (``entropy_kind="top_k"``), never the full-vocabulary one.
 
 Requests run concurrently (at most ``concurrency`` at once) on rapo's portal event loop,
-with a timeout each and retries with exponential back-off on connection errors, 429 and
-5xx. A request that still fails yields ``Generation(finish_reason="error")``, not an
+with a timeout each, under rapo's one retry policy (`rapo_tools.http_client.RetryPolicy`):
+connection failures, 408, 429 and 5xx are retried, after the server's ``Retry-After`` when it
+sends one; a generation that timed out is not sent again (the server may still be generating it,
+and bills it). A request that still fails yields ``Generation(finish_reason="error")``, not an
 exception, so one bad request never ends a rollout.
 
 Example:
@@ -20,7 +22,6 @@ Example:
 from __future__ import annotations
 
 import asyncio
-import random
 from collections.abc import Sequence
 from typing import Any
 
@@ -35,8 +36,7 @@ from rapo_agents.policies.base import (
     top_k_entropy,
 )
 from rapo_tools.aio import on_portal, run_sync
-
-RETRY_STATUS = frozenset({408, 429, 500, 502, 503, 504})
+from rapo_tools.http_client import RetryPolicy
 
 
 class OpenAIPolicy:
@@ -48,8 +48,8 @@ class OpenAIPolicy:
         model: model id to request (default: the first of ``/models``).
         api_key: sent as a bearer token when given.
         timeout_s: per-request timeout.
-        max_retries: retries after the first attempt (connection errors, 408/429/5xx).
-        backoff_s: first back-off; doubles each retry, with jitter.
+        max_retries: retries after the first attempt (connection errors, 408/429/5xx; never a timed-out generation).
+        backoff_s: first back-off; doubles each retry, with jitter (a ``Retry-After`` answer sets the wait instead).
         concurrency: most requests in flight.
         token_in: ``auto`` (token ids, falling back to text when the server refuses), ``ids`` or ``text``.
     """
@@ -79,6 +79,7 @@ class OpenAIPolicy:
         self.model = model
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.timeout_s, self.max_retries, self.backoff_s = timeout_s, max_retries, backoff_s
+        self.retry_policy = RetryPolicy(retries=max_retries, backoff_s=backoff_s)
         self.concurrency = concurrency
         self.token_in = token_in
         self.name = f"openai:{model or base_url}"
@@ -129,20 +130,10 @@ class OpenAIPolicy:
             return None  # servers that serve one model accept requests without a model id
 
     async def _post_or_get(self, method: str, path: str, body: dict[str, Any] | None) -> httpx.Response:
-        """One request with retries; raises ``httpx.HTTPStatusError`` on a final bad status."""
-        delay = self.backoff_s
-        for attempt in range(self.max_retries + 1):
-            try:
-                response = await self._client.request(method, self.base_url + path, json=body)
-                if response.status_code not in RETRY_STATUS or attempt == self.max_retries:
-                    response.raise_for_status()
-                    return response
-            except (httpx.TransportError, httpx.TimeoutException):
-                if attempt == self.max_retries:
-                    raise
-            await asyncio.sleep(delay * (1 + random.random() * 0.25))
-            delay *= 2
-        raise httpx.HTTPError("unreachable: the retry loop always returns or raises")
+        """One request under the retry policy; raises ``httpx.HTTPStatusError`` on a final bad status."""
+        response = await self.retry_policy.send(self._client, method, self.base_url + path, json=body)
+        response.raise_for_status()
+        return response
 
     def _body(self, context: list[int], p: SamplingParams, as_ids: bool) -> dict[str, Any]:
         body: dict[str, Any] = {

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import threading
 import time
@@ -90,3 +91,58 @@ def test_a_dead_server_gives_error_generations_not_exceptions(tiny_policy):
     finally:
         client.close()
     assert generation.finish_reason == "error" and "Connect" in generation.error and generation.token_ids == []
+
+
+def _billing_server():
+    """A completions endpoint that counts what it is sent: ``slow`` takes 2 s per generation, ``busy`` answers
+    429 with ``Retry-After: 1`` once, then a completion."""
+    from fastapi import FastAPI
+    from fastapi.responses import JSONResponse
+
+    app = FastAPI()
+    app.state.received = []
+
+    @app.post("/{mode}/v1/completions")
+    async def complete(mode: str):
+        app.state.received.append((mode, time.monotonic()))
+        if mode == "slow":
+            await asyncio.sleep(2.0)
+        if mode == "busy" and len(app.state.received) == 1:
+            return JSONResponse({"error": "rate limited"}, status_code=429, headers={"Retry-After": "1"})
+        return {"choices": [{"text": "ok", "finish_reason": "length"}]}
+
+    return app
+
+
+@pytest.fixture
+def billing_server():
+    from rapo_tools.serving import serve_in_thread
+
+    app = _billing_server()
+    with serve_in_thread(app) as url:
+        yield url, app.state.received
+
+
+def _generate(url: str, **options):
+    from rapo_agents.policies import ByteTokenizer
+
+    client = OpenAIPolicy(url, tokenizer=ByteTokenizer(), model="m", token_in="text", backoff_s=0.01, **options)
+    try:
+        return client.generate([[104, 105]], SamplingParams(max_new_tokens=2))[0]
+    finally:
+        client.close()
+
+
+def test_a_timed_out_generation_is_not_sent_again(billing_server):
+    url, received = billing_server
+    generation = _generate(f"{url}/slow/v1", timeout_s=0.3, max_retries=3)
+    assert generation.finish_reason == "error" and "Timeout" in generation.error
+    assert len(received) == 1  # sent (and billed) once, although three retries were allowed
+
+
+def test_429_is_retried_after_the_servers_retry_after(billing_server):
+    url, received = billing_server
+    generation = _generate(f"{url}/busy/v1", timeout_s=5.0, max_retries=2)
+    assert generation.finish_reason == "length" and generation.text == "ok"
+    assert len(received) == 2
+    assert received[1][1] - received[0][1] >= 0.9  # waited as asked, not the 0.01 s back-off

@@ -4,21 +4,24 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import email.utils
 import socket
+import time
 
 import httpx
 import pytest
 from fastapi import FastAPI, HTTPException
+from fastapi.responses import JSONResponse
 
 from rapo_tools.aio import run_sync
 from rapo_tools.base import BadToolInputError, ServiceUnavailableError, ToolTimeoutError
-from rapo_tools.http_client import RetryingClient
+from rapo_tools.http_client import RetryingClient, RetryPolicy, retry_after_s
 from rapo_tools.serving import ServerStartError, serve_in_thread
 
 
 def _flaky_app() -> FastAPI:
     app = FastAPI()
-    app.state.calls = {"flaky": 0, "busy": 0}
+    app.state.calls = {"flaky": 0, "busy": 0, "generate": 0, "slow": 0, "patient": [], "away": 0}
 
     @app.post("/flaky")
     async def flaky(payload: dict):
@@ -38,8 +41,27 @@ def _flaky_app() -> FastAPI:
 
     @app.get("/slow")
     async def slow():
+        app.state.calls["slow"] += 1
         await asyncio.sleep(2.0)
         return {"late": True}
+
+    @app.post("/generate")
+    async def generate():
+        app.state.calls["generate"] += 1
+        await asyncio.sleep(2.0)
+        return {"late": True}
+
+    @app.get("/patient")
+    async def patient():
+        app.state.calls["patient"].append(time.monotonic())
+        if len(app.state.calls["patient"]) == 1:
+            return JSONResponse({"detail": "slow down"}, status_code=429, headers={"Retry-After": "1"})
+        return {"served": True}
+
+    @app.get("/away")
+    async def away():
+        app.state.calls["away"] += 1
+        return JSONResponse({"detail": "maintenance"}, status_code=503, headers={"Retry-After": "3600"})
 
     @app.get("/not-json")
     async def not_json():
@@ -138,3 +160,44 @@ def test_bad_client_settings_raise():
         RetryingClient("http://127.0.0.1:1", timeout_s=0)
     with pytest.raises(ValueError):
         RetryingClient("http://127.0.0.1:1", retries=-1)
+
+
+def test_a_post_that_timed_out_is_not_sent_again_but_a_get_is(flaky_server):
+    url, app = flaky_server
+    client = RetryingClient(url, timeout_s=0.2, retries=2, backoff_s=0.01)
+    with pytest.raises(ToolTimeoutError):
+        _call(client, client.post_json("/generate", {}))
+    assert app.state.calls["generate"] == 1  # the server may still be working on it: never twice
+    before = app.state.calls["slow"]
+    with pytest.raises(ToolTimeoutError):
+        _call(client, client.get_json("/slow"))
+    assert app.state.calls["slow"] - before == 3  # idempotent: retried
+
+
+def test_retry_after_is_honoured(flaky_server):
+    url, app = flaky_server
+    client = RetryingClient(url, retries=2, backoff_s=0.01)
+    assert _call(client, client.get_json("/patient")) == {"served": True}
+    first, second = app.state.calls["patient"]
+    assert second - first >= 0.9  # the server's one second, not the 0.01 s back-off
+
+
+def test_a_retry_after_beyond_the_cap_is_not_waited_for(flaky_server):
+    url, app = flaky_server
+    client = RetryingClient(url, retries=3, backoff_s=0.01)
+    with pytest.raises(ServiceUnavailableError, match="503.*maintenance"):
+        _call(client, client.get_json("/away"))
+    assert app.state.calls["away"] == 1
+
+
+def test_retry_after_reads_seconds_and_http_dates():
+    def answer(value):
+        return httpx.Response(429, headers={"Retry-After": value} if value is not None else {})
+
+    assert retry_after_s(answer("7")) == 7.0
+    in_a_minute = email.utils.formatdate(time.time() + 60, usegmt=True)
+    assert 55 <= retry_after_s(answer(in_a_minute)) <= 60
+    assert retry_after_s(answer("soon")) is None and retry_after_s(answer(None)) is None
+    assert RetryPolicy(max_retry_after_s=5).delay_s(1, answer("7")) is None
+    with pytest.raises(ValueError):
+        RetryPolicy(retries=-1)
