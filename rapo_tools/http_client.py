@@ -7,6 +7,8 @@
   idempotent (GET, HEAD, ...): a timed-out generation is not sent, and billed, again;
 - 408, 429 and 5xx answers are retried after the server's ``Retry-After`` when it sends one (up to
   ``max_retry_after_s``; a longer wait gives up at once), else after exponential back-off with jitter.
+  The wait is also told to `retry_after_listener`, so that a caller can pause a shared rate budget
+  (the web ``<search>`` tool does) without every client layer in between passing a callback down.
 
 What still fails in `RetryingClient` becomes a `rapo_tools.base` error that tools turn into a failed
 `ToolResult`:
@@ -32,11 +34,13 @@ Example:
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import dataclasses
 import email.utils
 import json
 import random
 import time
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -46,6 +50,11 @@ from rapo_tools.base import BadToolInputError, ServiceUnavailableError, ToolTime
 RETRIED_STATUS = frozenset({408, 429, 500, 502, 503, 504})
 IDEMPOTENT_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE"})
 _MAX_SERVER_MESSAGE_CHARS = 500
+
+retry_after_listener: contextvars.ContextVar[Callable[[float], None] | None] = contextvars.ContextVar(
+    "retry_after_listener", default=None
+)
+"""Called with the seconds of every ``Retry-After`` a `RetryPolicy` receives in this context (task)."""
 
 
 def retry_after_s(response: httpx.Response) -> float | None:
@@ -127,6 +136,10 @@ class RetryPolicy:
             if response is not None and (response.status_code not in RETRIED_STATUS or attempt >= self.retries):
                 return response
             attempt += 1
+            listener = retry_after_listener.get()
+            asked = retry_after_s(response) if response is not None else None
+            if listener is not None and asked is not None:
+                listener(asked)
             delay = self.delay_s(attempt, response)
             if delay is None:
                 return response

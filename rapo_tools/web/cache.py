@@ -42,6 +42,48 @@ CREATE TABLE IF NOT EXISTS results (
 """
 
 
+class ThreadConnections:
+    """SQLite connections to one WAL-mode file, one per thread of each process, made on first use.
+
+    Args:
+        path: The SQLite file; its folder is created.
+        schema: SQL run once at start (``CREATE TABLE IF NOT EXISTS ...``).
+        busy_timeout_s: How long a writer waits for another process's write lock before giving up.
+    """
+
+    def __init__(self, path: Path, schema: str, busy_timeout_s: float = 30.0):
+        self.path = path
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._busy_timeout_s = busy_timeout_s
+        self._local = threading.local()
+        self._opened: list[sqlite3.Connection] = []
+        self._lock = threading.Lock()
+        connection = self.get()
+        connection.execute("PRAGMA journal_mode=WAL")
+        connection.execute(schema)
+        connection.commit()
+
+    def get(self) -> sqlite3.Connection:
+        """This thread's connection."""
+        # sqlite3 connections must cross neither threads nor forks: each thread of each process opens its own.
+        connection = getattr(self._local, "connection", None)
+        if connection is None or getattr(self._local, "pid", None) != os.getpid():
+            connection = sqlite3.connect(self.path, timeout=self._busy_timeout_s, check_same_thread=False)
+            connection.execute(f"PRAGMA busy_timeout={int(self._busy_timeout_s * 1000)}")
+            self._local.connection, self._local.pid = connection, os.getpid()
+            with self._lock:
+                self._opened.append(connection)
+        return connection
+
+    def close(self) -> None:
+        """Close every connection opened so far."""
+        with self._lock:
+            connections, self._opened = self._opened, []
+        for connection in connections:
+            connection.close()
+        self._local = threading.local()
+
+
 class SearchCache:
     """Search results on disk, keyed by `SearchCache.key`.
 
@@ -52,15 +94,7 @@ class SearchCache:
 
     def __init__(self, path: str | Path, busy_timeout_s: float = 30.0):
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._busy_timeout_s = busy_timeout_s
-        self._local = threading.local()
-        self._connections: list[sqlite3.Connection] = []
-        self._lock = threading.Lock()
-        connection = self._connection()
-        connection.execute("PRAGMA journal_mode=WAL")
-        connection.execute(_SCHEMA)
-        connection.commit()
+        self._connections = ThreadConnections(self.path, _SCHEMA, busy_timeout_s)
 
     @staticmethod
     def key(provider: str, endpoint: str, query: str, top_k: int) -> str:
@@ -71,7 +105,7 @@ class SearchCache:
     def get(self, key: str) -> list[SearchResult] | None:
         """The stored results, or None when absent or unreadable (a corrupt row is a miss, not a crash)."""
         try:
-            row = self._connection().execute("SELECT payload FROM results WHERE key = ?", (key,)).fetchone()
+            row = self._connections.get().execute("SELECT payload FROM results WHERE key = ?", (key,)).fetchone()
         except sqlite3.Error as error:
             logger.warning("search cache %s unreadable: %s", self.path, error)
             return None
@@ -86,7 +120,7 @@ class SearchCache:
     def put(self, key: str, results: list[SearchResult], provider: str = "", query: str = "") -> None:
         """Store ``results`` under ``key`` (last writer wins; a failed write is logged, not raised)."""
         payload = json.dumps([hit.to_dict() for hit in results], ensure_ascii=False)
-        connection = self._connection()
+        connection = self._connections.get()
         try:
             with connection:
                 connection.execute(
@@ -97,23 +131,8 @@ class SearchCache:
             logger.warning("search cache %s not written: %s", self.path, error)
 
     def __len__(self) -> int:
-        return int(self._connection().execute("SELECT COUNT(*) FROM results").fetchone()[0])
+        return int(self._connections.get().execute("SELECT COUNT(*) FROM results").fetchone()[0])
 
     def close(self) -> None:
         """Close every connection this object opened (one per thread that used it)."""
-        with self._lock:
-            connections, self._connections = self._connections, []
-        for connection in connections:
-            connection.close()
-        self._local = threading.local()
-
-    def _connection(self) -> sqlite3.Connection:
-        # sqlite3 connections must cross neither threads nor forks: each thread of each process opens its own.
-        connection = getattr(self._local, "connection", None)
-        if connection is None or getattr(self._local, "pid", None) != os.getpid():
-            connection = sqlite3.connect(self.path, timeout=self._busy_timeout_s, check_same_thread=False)
-            connection.execute(f"PRAGMA busy_timeout={int(self._busy_timeout_s * 1000)}")
-            self._local.connection, self._local.pid = connection, os.getpid()
-            with self._lock:
-                self._connections.append(connection)
-        return connection
+        self._connections.close()

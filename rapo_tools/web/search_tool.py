@@ -24,6 +24,7 @@ from typing import Any
 
 from rapo_tools.aio import run_sync
 from rapo_tools.base import BadToolInputError, Tool, ToolResult
+from rapo_tools.http_client import retry_after_listener
 from rapo_tools.web.cache import SearchCache
 from rapo_tools.web.providers.base import SearchProvider
 from rapo_tools.web.rate_limit import RateLimiter
@@ -54,8 +55,9 @@ class WebSearchConfig:
     cache_path: str | None = None
     """SQLite file caching live results across runs and processes; None disables the disk cache."""
     rate_per_s: float | None = None
-    """Most requests per second sent to the provider's endpoint from this process (shared by all its search
-    tools); None: no limit."""
+    """Most requests per second sent to the provider's endpoint, shared by all its search tools: by every
+    process that uses the same ``cache_path`` (the budget lives in that file), else by this process; a 429's
+    ``Retry-After`` pauses the whole budget. None: no limit."""
     burst: int = 1
     """Requests that may start together when the rate limiter has been idle."""
     timeout_s: float = 20.0
@@ -110,16 +112,19 @@ def make_provider(config: WebSearchConfig) -> SearchProvider:
     )
 
 
-_limiters: dict[tuple[str, str, float | None, int], RateLimiter] = {}
+_limiters: dict[tuple[str, str, float | None, int, str | None], RateLimiter] = {}
 _limiters_lock = threading.Lock()
 
 
-def shared_rate_limiter(provider: SearchProvider, rate_per_s: float | None, burst: int) -> RateLimiter:
-    """One limiter per provider endpoint and rate in this process: a provider's quota is per key, not per env."""
-    key = (provider.name, provider.endpoint, rate_per_s, burst)
+def shared_rate_limiter(
+    provider: SearchProvider, rate_per_s: float | None, burst: int, path: str | None = None
+) -> RateLimiter:
+    """One limiter per provider endpoint and rate: a provider's quota is per key, not per env. With ``path``
+    (a SQLite file) the budget is shared with every process using that file, else only within this process."""
+    key = (provider.name, provider.endpoint, rate_per_s, burst, path)
     with _limiters_lock:
         if key not in _limiters:
-            _limiters[key] = RateLimiter(rate_per_s, burst)
+            _limiters[key] = RateLimiter(rate_per_s, burst, path, name=f"{provider.name} {provider.endpoint}")
         return _limiters[key]
 
 
@@ -148,7 +153,8 @@ class WebSearchTool(Tool):
         self.config = WebSearchConfig.from_value(config)
         self.provider = provider if provider is not None else make_provider(self.config)
         self._cache = _open_cache(self.config.cache_path) if self.config.cache_path else None
-        self._limiter = shared_rate_limiter(self.provider, self.config.rate_per_s, self.config.burst)
+        budget_path = self.config.cache_path if self._cache is not None else None
+        self._limiter = shared_rate_limiter(self.provider, self.config.rate_per_s, self.config.burst, budget_path)
 
     async def search(self, query: str) -> list:
         """The normalised results of ``query`` (cached when a cache is configured)."""
@@ -159,7 +165,11 @@ class WebSearchTool(Tool):
             if cached is not None:
                 return cached
         await self._limiter.acquire()
-        results = await self.provider.search(query, self.config.top_k)
+        listening = retry_after_listener.set(self._limiter.pause)  # a 429's Retry-After pauses the whole budget
+        try:
+            results = await self.provider.search(query, self.config.top_k)
+        finally:
+            retry_after_listener.reset(listening)
         if self._cache is not None and key is not None:
             await asyncio.to_thread(self._cache.put, key, results, self.provider.name, query)
         return results

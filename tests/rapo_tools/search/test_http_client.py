@@ -15,7 +15,7 @@ from fastapi.responses import JSONResponse
 
 from rapo_tools.aio import run_sync
 from rapo_tools.base import BadToolInputError, ServiceUnavailableError, ToolTimeoutError
-from rapo_tools.http_client import RetryingClient, RetryPolicy, retry_after_s
+from rapo_tools.http_client import RetryingClient, RetryPolicy, retry_after_listener, retry_after_s
 from rapo_tools.serving import ServerStartError, serve_in_thread
 
 
@@ -177,9 +177,16 @@ def test_a_post_that_timed_out_is_not_sent_again_but_a_get_is(flaky_server):
 def test_retry_after_is_honoured(flaky_server):
     url, app = flaky_server
     client = RetryingClient(url, retries=2, backoff_s=0.01)
-    assert _call(client, client.get_json("/patient")) == {"served": True}
+    heard = []
+
+    async def listened():
+        retry_after_listener.set(heard.append)  # what the search tool does to pause its rate budget
+        return await client.get_json("/patient")
+
+    assert _call(client, listened()) == {"served": True}
     first, second = app.state.calls["patient"]
     assert second - first >= 0.9  # the server's one second, not the 0.01 s back-off
+    assert heard == [1.0]
 
 
 def test_a_retry_after_beyond_the_cap_is_not_waited_for(flaky_server):

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import multiprocessing
+import subprocess
+import sys
 import threading
 import time
 
@@ -71,3 +74,64 @@ def test_disabled_rate_limiter_does_not_wait():
     limiter = RateLimiter(None)
     asyncio.run(limiter.acquire())
     assert limiter.rate_per_s is None
+
+
+BUDGET_USER = """
+import asyncio, json, sys, time
+from rapo_tools.web.rate_limit import RateLimiter
+
+path, start_at, count = sys.argv[1], float(sys.argv[2]), int(sys.argv[3])
+limiter = RateLimiter(rate_per_s=10.0, burst=1, path=path, name="bing https://api.example/search")
+
+async def main():
+    stamps = []
+    for _ in range(count):
+        await limiter.acquire()
+        stamps.append(time.time())
+    return stamps
+
+time.sleep(max(0.0, start_at - time.time()))  # both processes start asking at the same moment
+print(json.dumps(asyncio.run(main())))
+"""
+
+
+def test_two_processes_share_one_rate_budget(tmp_path):
+    start_at = time.time() + 4.0
+    users = [
+        subprocess.Popen([sys.executable, "-c", BUDGET_USER, str(tmp_path / "search.sqlite"), str(start_at), "6"],
+                         stdout=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]
+    stamps = sorted(stamp for user in users for stamp in json.loads(user.communicate(timeout=60)[0]))
+    assert len(stamps) == 12
+    # The token-bucket promise, across both processes: between any two starts, no more than the burst plus
+    # what the rate refilled (half a token of slack for clock reads). Two private budgets break it at once.
+    for first in range(len(stamps)):
+        for last in range(first + 1, len(stamps)):
+            assert last - first <= 1 + (stamps[last] - stamps[first]) * 10.0 + 0.5, (first, last)
+
+
+def test_retry_after_pauses_the_budget_for_everyone_sharing_it(tmp_path):
+    path = tmp_path / "search.sqlite"
+    throttled = RateLimiter(rate_per_s=100.0, burst=5, path=path, name="bing")
+    other = RateLimiter(rate_per_s=100.0, burst=5, path=path, name="bing")  # as in another process
+    unrelated = RateLimiter(rate_per_s=100.0, burst=5, path=path, name="brave")
+    throttled.pause(1.0)
+
+    async def wait_s(limiter: RateLimiter) -> float:
+        start = time.monotonic()
+        await limiter.acquire()
+        return time.monotonic() - start
+
+    assert asyncio.run(wait_s(other)) >= 0.9
+    assert asyncio.run(wait_s(unrelated)) < 0.9  # another endpoint's budget is not paused
+    for limiter in (throttled, other, unrelated):
+        limiter.close()
+
+
+def test_in_process_limiter_honours_a_pause():
+    limiter = RateLimiter(rate_per_s=100.0, burst=5)
+    limiter.pause(0.5)
+    start = time.monotonic()
+    asyncio.run(limiter.acquire())
+    assert time.monotonic() - start >= 0.4
