@@ -2,10 +2,21 @@
 
 The wrapper works on any Gymnasium env whose observations and actions are text. It keeps the
 episode's context (the reset observation, then each action and each returned observation) and,
-in a *hybrid* rollout, after a tool round and with probability ``retrieve_prob``, queries a
+in a *hybrid* rollout, after a retrieval round (below) and with probability ``retrieve_prob``, queries a
 `rapo_buffers.candidates.Retriever` with that context, picks one of the top ``topk`` step traces
-and appends it to the observation inside ``template``. What it spliced is reported in
-``info["retrieval"]`` so that a rollout engine can mask those tokens out of the loss:
+and appends it to the observation inside ``template``.
+
+When a hybrid rollout may retrieve (``retrieve_after``): never before the first step and never on the step
+that ends the episode; otherwise
+
+- ``"any_round"`` (the default, the reference's rule): after every policy round the episode goes on from:
+  a tool round, a round that ended without a tool call (rapo's envs answer it with a hint), and a turn the
+  policy's per-turn token limit cut off, which resumes on the next step. A model that never calls a tool
+  (no warm-up) is still shown expert steps;
+- ``"tool_round"`` (spec §4's wording): only after a round that ran a tool (``info["tool"]`` is not None;
+  an env that does not say which tool ran counts every round as one).
+
+What it spliced is reported in ``info["retrieval"]`` so that a rollout engine can mask those tokens out of the loss:
 
     {"text": the spliced text, "span": (start, end) of it inside the returned observation,
      "candidates": [values], "scores": [...], "rewards": [...], "chosen": index, or None for the fallback,
@@ -48,6 +59,7 @@ from rapo_buffers.candidates import Candidate, Retriever
 from rapo_buffers.client import retriever_from_url
 from rapo_buffers.schema import is_final_step_text
 from rapo_buffers.text import normalize_context
+from rapo_env.prompts import REFERENCE_FALLBACK_TEXT
 
 REFERENCE_TEMPLATE = (
     " Additional context is enclosed in <retrieve> </retrieve> tags. Use it if helpful. "
@@ -58,10 +70,12 @@ REFERENCE_TEMPLATE = (
 FALLBACK_TEXT = (
     "No reliable reference step was found for this point. Solve the problem carefully with your own reasoning."
 )
-"""Spliced instead of a step trace whose trajectory reward is <= 0 (the reference's fixed instruction)."""
+"""Spliced instead of a step trace whose trajectory reward is <= 0 (rapo's wording; the reference's is
+`rapo_env.prompts.REFERENCE_FALLBACK_TEXT`)."""
 
 SELECT_RULES = ("max_reward", "most_similar")
 HYBRID_RULES = ("paper", "reference")
+RETRIEVE_AFTER = ("any_round", "tool_round")
 
 
 def select_candidate(candidates: list[Candidate], rule: str) -> int:
@@ -95,9 +109,12 @@ class StepTraceRetrievalWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
         no_retrieve_first_k: the first k rollouts of each group stay on-policy.
         group_size: rollouts per question (``ROLLOUT_N``); the rollout index is taken modulo it.
         template: the splice format, with a ``{value}`` placeholder.
-        fallback_text: spliced (inside ``template``) when the chosen candidate's reward is <= 0.
+        fallback_text: spliced (inside ``template``) when the chosen candidate's reward is <= 0; None: the
+            reference's sentence in its ``<think>`` wrapper with ``hybrid_rule="reference"``, else `FALLBACK_TEXT`.
         allow_final_steps: splice final-answer steps too (off by default: they break the one-answer format).
         hybrid_rule: ``"paper"`` (index >= k is hybrid) or ``"reference"`` (index > k).
+        retrieve_after: ``"any_round"`` (reference: every round the episode goes on from) or ``"tool_round"``
+            (only rounds that ran a tool); see the module docstring.
         max_context_chars: skip a splice that would make the context longer than this (None: no limit).
         seed: seed of the wrapper's random generator; ``reset(seed=...)`` reseeds it.
         vector_safe_info: for Gymnasium vector envs, which merge infos into typed arrays and cannot mix
@@ -116,9 +133,10 @@ class StepTraceRetrievalWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
         no_retrieve_first_k: int = 8,
         group_size: int = 16,
         template: str = REFERENCE_TEMPLATE,
-        fallback_text: str = FALLBACK_TEXT,
+        fallback_text: str | None = None,
         allow_final_steps: bool = False,
         hybrid_rule: Literal["paper", "reference"] = "paper",
+        retrieve_after: Literal["any_round", "tool_round"] = "any_round",
         max_context_chars: int | None = None,
         seed: int | None = None,
         vector_safe_info: bool = False,
@@ -131,6 +149,8 @@ class StepTraceRetrievalWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
             raise ValueError(f"select must be one of {SELECT_RULES}, got {select!r}")
         if hybrid_rule not in HYBRID_RULES:
             raise ValueError(f"hybrid_rule must be one of {HYBRID_RULES}, got {hybrid_rule!r}")
+        if retrieve_after not in RETRIEVE_AFTER:
+            raise ValueError(f"retrieve_after must be one of {RETRIEVE_AFTER}, got {retrieve_after!r}")
         if no_retrieve_first_k < 0 or group_size < 1:
             raise ValueError("no_retrieve_first_k must be >= 0 and group_size >= 1")
         if "{value}" not in template:
@@ -151,6 +171,7 @@ class StepTraceRetrievalWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
             fallback_text=fallback_text,
             allow_final_steps=allow_final_steps,
             hybrid_rule=hybrid_rule,
+            retrieve_after=retrieve_after,
             max_context_chars=max_context_chars,
             seed=seed,
             vector_safe_info=vector_safe_info,
@@ -167,9 +188,11 @@ class StepTraceRetrievalWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
         self.no_retrieve_first_k = no_retrieve_first_k
         self.group_size = group_size
         self.template = template
-        self.fallback_text = fallback_text
+        self.fallback_text = fallback_text if fallback_text is not None else (
+            REFERENCE_FALLBACK_TEXT if hybrid_rule == "reference" else FALLBACK_TEXT)
         self.allow_final_steps = allow_final_steps
         self.hybrid_rule = hybrid_rule
+        self.retrieve_after = retrieve_after
         self.max_context_chars = max_context_chars
         self.vector_safe_info = vector_safe_info
         self._seed = seed
@@ -187,6 +210,13 @@ class StepTraceRetrievalWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
         if self.hybrid_rule == "paper":
             return index >= self.no_retrieve_first_k
         return index > self.no_retrieve_first_k
+
+    def may_retrieve(self, terminated: bool, truncated: bool, info: dict[str, Any]) -> bool:
+        """Whether the step just taken is a retrieval round under ``retrieve_after`` (module docstring)."""
+        if terminated or truncated:
+            return False
+        # rapo envs say which tool ran (None: none ran); an env that does not say counts as a tool round.
+        return self.retrieve_after == "any_round" or info.get("tool", True) is not None
 
     @property
     def context(self) -> str:
@@ -216,9 +246,7 @@ class StepTraceRetrievalWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
         info = dict(info)
         self._context += action
         retrieval, error = None, None
-        # A tool round is a step that did not end the episode; rapo envs also say which tool ran (None: none ran).
-        tool_round = not (terminated or truncated) and info.get("tool", True) is not None
-        if self._hybrid and tool_round and self._rng.random() < self.retrieve_prob:
+        if self._hybrid and self.may_retrieve(terminated, truncated, info) and self._rng.random() < self.retrieve_prob:
             retrieval, error = self._retrieve(self._context + observation, observation)
         if retrieval is not None:
             observation = observation + retrieval["text"]

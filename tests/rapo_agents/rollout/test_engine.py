@@ -217,3 +217,28 @@ def test_a_splice_that_fits_is_kept_and_only_the_env_text_is_ever_cut():
     assert record.add_observation(" s" + "X" * 8, too_long)  # 2 env tokens fit, the 8 spliced ones do not
     assert "token_span" not in too_long and record.skipped_splices == 1 and record.remaining == 2
     assert not record.add_observation(" more", None)  # the env's own text is cut to the budget: the episode ends
+
+
+def test_a_policy_that_never_calls_a_tool_is_shown_expert_steps_in_hybrid_rollouts():
+    """The no-warm-up case: under the reference's rule (the wrapper's default) a round without a tool call is a
+    retrieval round too, so the hybrid rollout's context holds spliced expert steps, masked out of the loss."""
+    from rapo_buffers.candidates import Candidate, StaticRetriever
+    from rapo_env.wrappers.retrieval import StepTraceRetrievalWrapper
+
+    retriever = StaticRetriever([Candidate("<python>\nprint(6 * 7)\n</python> <result>\n42\n</result>", 1.0, 0.9)])
+
+    def wrap(env):
+        return StepTraceRetrievalWrapper(env, retriever, retrieve_prob=1.0, no_retrieve_first_k=1, group_size=2,
+                                         seed=0)
+
+    policy = ScriptedPolicy(["I am not sure how to start.", "<answer>\\boxed{42}</answer>"])
+    with RolloutEngine("RAPO-Math-v0", policy, RolloutConfig(rollout_n=2), env_kwargs=ENV_KWARGS,
+                       wrappers=[wrap]) as engine:
+        on_policy, hybrid = engine.run([0])
+    assert on_policy.num_tool_calls == hybrid.num_tool_calls == 0
+    assert on_policy.extra["retrieval_tokens"] == 0
+    assert [step.retrieval is not None for step in hybrid.steps] == [True, False]
+    start, end = hybrid.steps[0].retrieval["token_span"]
+    assert "print(6 * 7)" in decode(policy.tokenizer, hybrid.token_ids[start:end])
+    assert not any(hybrid.loss_mask[start:end])
+    check_token_record(hybrid, policy.tokenizer)

@@ -116,14 +116,52 @@ def test_no_retrieval_on_the_step_that_ends_the_episode():
     assert truncated and info["retrieval"] is None
 
 
-def test_rapo_style_step_without_a_tool_call_is_not_a_tool_round():
-    class NoToolEnv(CountingTextEnv):
-        def step(self, action):
-            observation, reward, terminated, truncated, info = super().step(action)
-            return observation, reward, terminated, truncated, {"tool": None}
+class NoToolEnv(CountingTextEnv):
+    """A rapo-style env that says no tool ran on any round."""
 
+    def step(self, action):
+        observation, reward, terminated, truncated, info = super().step(action)
+        return observation, reward, terminated, truncated, {"tool": None}
+
+
+def test_by_default_a_round_without_a_tool_call_is_a_retrieval_round():
+    """The reference's rule: a model that never calls a tool is still shown expert steps."""
     env = StepTraceRetrievalWrapper(NoToolEnv(), good_retriever(), retrieve_prob=1.0, seed=0)
+    assert env.retrieve_after == "any_round"
+    infos = play(env, 3)
+    assert len(infos) == 3 and all(info["retrieval"] is not None for info in infos)
+
+
+def test_tool_round_rule_retrieves_only_after_a_tool_ran():
+    env = StepTraceRetrievalWrapper(NoToolEnv(), good_retriever(), retrieve_prob=1.0, retrieve_after="tool_round",
+                                    seed=0)
     assert all(info["retrieval"] is None for info in play(env, 3))
+    with_tools = StepTraceRetrievalWrapper(CountingTextEnv(), good_retriever(), retrieve_prob=1.0,
+                                           retrieve_after="tool_round", seed=0)
+    assert all(info["retrieval"] is not None for info in play(with_tools, 3))
+
+
+@pytest.mark.parametrize(("retrieve_after", "spliced"), [("any_round", [True, True]), ("tool_round", [False, True])])
+def test_retrieval_rounds_in_the_math_env(retrieve_after, spliced):
+    """RAPO-Math-v0 with its real python tool: a turn with no tool call (or one cut off mid-call by the turn's
+    token limit) is answered with a hint and the episode goes on; ``any_round`` retrieves after it too."""
+    import rapo_env  # noqa: F401  (registers RAPO-Math-v0)
+
+    base = gym.make("RAPO-Math-v0", num_tasks=2, sandbox="subprocess", disable_env_checker=True)
+    env = StepTraceRetrievalWrapper(base, good_retriever(), retrieve_prob=1.0, retrieve_after=retrieve_after,
+                                    no_retrieve_first_k=0, seed=0)
+    try:
+        env.reset(seed=0, options={"task_index": 0, "rollout_index": 0})
+        rounds = []
+        for action in ("<think>Let me see. The orchard has", "<python>\nprint(6 * 7)\n</python>"):
+            _, _, terminated, truncated, info = env.step(action)
+            assert not (terminated or truncated)
+            rounds.append(info["retrieval"] is not None)
+        _, _, terminated, _, info = env.step("<answer>\\boxed{42}</answer>")
+        assert terminated and info["retrieval"] is None  # never on the step that ends the episode
+    finally:
+        env.close()
+    assert rounds == spliced
 
 
 def test_span_marks_exactly_the_spliced_text():
@@ -237,6 +275,8 @@ def test_length_budget_skips_the_splice():
 
 
 def test_bad_settings_are_rejected():
+    with pytest.raises(ValueError, match="retrieve_after"):
+        StepTraceRetrievalWrapper(CountingTextEnv(), good_retriever(), retrieve_after="sometimes")
     for kwargs in (
         {"retrieve_prob": 1.5},
         {"topk": 0},
