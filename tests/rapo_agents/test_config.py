@@ -142,4 +142,4 @@ def test_rapo_train_command_prints_config_and_rejects_bad_keys(capsys):
     printed = yaml.safe_load(capsys.readouterr().out)
     assert printed["rollout"]["rollout_n"] == 8 and printed["retrieval"]["enabled"] is False
     assert main(["train", "rolout_n=8"]) == 2
-    assert "did you mean" in capsys.readouterr().out
+    assert "did you mean" in capsys.readouterr().err  # errors go to stderr
