@@ -1,4 +1,7 @@
-"""The Step-Trace Buffer (spec §3): schema, builder, sources, index, in-process retriever, service and client.
+"""The Step-Trace Buffer at run time (spec §3): schema, index, in-process retriever, service and client.
+
+It sits above `rapo_tools` and below `rapo_env`: it knows no env, agent or trainer. Building a buffer runs
+envs and experts, so that pipeline lives above them, in `rapo_agents.buffer_build`.
 
 Typical use:
 
