@@ -105,6 +105,8 @@ async def read_capped(
         if len(chunk) > room:
             kept += chunk[:room]
             on_overflow()  # stop the writer, or the other pipe may never reach EOF
+            while await stream.read(65536):
+                pass  # read on to EOF: asyncio reports the exit only once every pipe is closed
             return bytes(kept), True
         kept += chunk
     return bytes(kept), False

@@ -10,20 +10,13 @@ from __future__ import annotations
 import os
 import platform
 import socket
-import sys
 import threading
 import uuid
 
 import pytest
 
-from rapo_tools.sandbox import PythonSandbox, SandboxConfig
-from rapo_tools.sandbox.local_backend import interpreter_roots, scratch_keep_entries
 
 pytestmark = pytest.mark.skipif(not os.path.isdir("/proc"), reason="the local sandbox needs Linux")
-
-# A venv that lives under /tmp (a fresh clone there) is bound back read-only inside the scratch; the clean-up keeps it.
-KEPT_IN_TMP = scratch_keep_entries(interpreter_roots(sys.executable)).get("/tmp", [])
-
 
 @pytest.fixture(scope="module")
 def target(attack_sandbox):
@@ -31,55 +24,7 @@ def target(attack_sandbox):
     return attack_sandbox
 
 
-def _status_field(pid: int, field: str) -> int | None:
-    try:
-        with open(f"/proc/{pid}/status") as handle:
-            return next(int(line.split()[1]) for line in handle if line.startswith(field + ":"))
-    except (OSError, StopIteration):
-        return None
-
-
-def _descends_from_this_test(pid: int) -> bool:
-    """Whether ``pid`` was started (through any chain) by this pytest process; other rapo
-    processes on the host have sandbox workers of their own."""
-    while pid > 1:
-        pid = _status_field(pid, "PPid") or 0
-        if pid == os.getpid():
-            return True
-    return False
-
-
-def _sandbox_uid_processes(config: SandboxConfig) -> list[int]:
-    """Pids of this test's sandboxes running as a sandbox uid (the warm workers and anything the code left behind)."""
-    pids = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        uid = _status_field(int(name), "Uid")
-        if uid is None:
-            continue
-        if uid >= config.sandbox_uid_base and _descends_from_this_test(int(name)):
-            pids.append(int(name))
-    return pids
-
-
-def assert_still_healthy(sandbox: PythonSandbox) -> None:
-    """The next ordinary call works, sees a clean scratch and no leftover processes."""
-    result = sandbox.run_sync(
-        "import os\n"
-        "others = [p for p in os.listdir('/proc') if p.isdigit() and int(p) not in (1, os.getpid(), os.getppid())]\n"
-        f"print(sum(range(10)), sorted(set(os.listdir('/tmp')) - {set(KEPT_IN_TMP)!r}), others)"
-    )
-    assert result.ok, result.text
-    assert result.text == "45 [] []\n"
-    if os.geteuid() == 0:
-        # On the host, only the warm workers (full and light) run as a sandbox uid, each with the child it
-        # forked for its next call (or the one of the call just answered, until the worker reaps it).
-        warm_workers = sandbox.config.workers + sandbox.config.light_workers
-        assert len(_sandbox_uid_processes(sandbox.config)) <= 2 * warm_workers
-
-
-def test_fork_bomb_is_capped_by_the_process_limit(target):
+def test_fork_bomb_is_capped_by_the_process_limit(target, healthy):
     code = (
         "import os, time\nstarted = 0\n"
         "for _ in range(3000):\n"
@@ -95,38 +40,38 @@ def test_fork_bomb_is_capped_by_the_process_limit(target):
     result = target.run_sync(code)
     assert result.ok, result.text
     assert int(result.text) < target.config.max_processes  # the limit held far below 3000
-    assert_still_healthy(target)
+    healthy(target)
 
 
-def test_memory_bomb_hits_the_address_space_limit(target):
+def test_memory_bomb_hits_the_address_space_limit(target, healthy):
     # 48 x 64 MiB = 3 GiB at most
     code = "blocks = []\nfor _ in range(48):\n    blocks.append(bytearray(64 << 20))\nprint(len(blocks))"
     result = target.run_sync(code)
     assert not result.ok and "MemoryError" in result.text
-    assert_still_healthy(target)
+    healthy(target)
 
 
-def test_infinite_loop_is_stopped(target):
+def test_infinite_loop_is_stopped(target, healthy):
     result = target.run_sync("while True:\n    pass")
     assert not result.ok
     assert result.timed_out or "CPU" in result.text
-    assert_still_healthy(target)
+    healthy(target)
 
 
-def test_sleep_past_the_timeout_times_out(target):
+def test_sleep_past_the_timeout_times_out(target, healthy):
     result = target.run_sync("import time\ntime.sleep(30)")
     assert not result.ok and result.timed_out and "timed out" in result.text
-    assert_still_healthy(target)
+    healthy(target)
 
 
-def test_hundred_megabytes_of_output_are_cut(target):
+def test_hundred_megabytes_of_output_are_cut(target, healthy):
     result = target.run_sync("import sys\nfor _ in range(100):\n    sys.stdout.write('x' * 1_000_000)")
     assert result.ok and result.truncated
     assert len(result.text) <= target.config.max_output_bytes
-    assert_still_healthy(target)
+    healthy(target)
 
 
-def test_background_process_cannot_outlive_the_call(target):
+def test_background_process_cannot_outlive_the_call(target, healthy):
     code = (
         "import os, subprocess, time\n"
         "subprocess.Popen(['sleep', '30'], start_new_session=True)\n"
@@ -141,7 +86,7 @@ def test_background_process_cannot_outlive_the_call(target):
     )
     result = target.run_sync(code)
     assert result.ok and result.text == "spawned\n"
-    assert_still_healthy(target)  # no survivors, no file they wrote
+    healthy(target)  # no survivors, no file they wrote
 
 
 class _LocalServer:
@@ -171,7 +116,7 @@ class _LocalServer:
         self.listener.close()
 
 
-def test_no_network_to_localhost_or_outside(target):
+def test_no_network_to_localhost_or_outside(target, healthy):
     server = _LocalServer()
     try:
         code = (
@@ -189,10 +134,10 @@ def test_no_network_to_localhost_or_outside(target):
     assert result.ok, result.text
     assert result.text.count("blocked") == 3 and "connected" not in result.text
     assert not server.connected
-    assert_still_healthy(target)
+    healthy(target)
 
 
-def test_host_secrets_stay_hidden(target, tmp_path):
+def test_host_secrets_stay_hidden(target, tmp_path, healthy):
     secret = uuid.uuid4().hex
     os.environ["RAPO_TEST_SECRET"] = secret  # the parent's environment must not reach the code
     secret_file = None
@@ -219,10 +164,10 @@ def test_host_secrets_stay_hidden(target, tmp_path):
     assert result.ok, result.text
     assert secret not in result.text
     assert "/etc/shadow" not in result.text and "rapo-sandbox-test" not in result.text
-    assert_still_healthy(target)
+    healthy(target)
 
 
-def test_writes_outside_the_scratch_directory_fail(target, tmp_path):
+def test_writes_outside_the_scratch_directory_fail(target, tmp_path, healthy):
     targets = [str(tmp_path / "escaped.txt"), "/etc/rapo-escaped", "/usr/rapo-escaped", os.path.abspath("escaped.txt")]
     code = (
         "results = []\n"
@@ -239,10 +184,10 @@ def test_writes_outside_the_scratch_directory_fail(target, tmp_path):
     assert result.ok, result.text
     assert result.text.strip() == repr(["refused"] * len(targets))
     assert not any(os.path.exists(path) for path in targets)
-    assert_still_healthy(target)
+    healthy(target)
 
 
-def test_filling_the_scratch_disk_stops_at_its_size(target):
+def test_filling_the_scratch_disk_stops_at_its_size(target, healthy):
     code = (
         "import errno\nwritten = 0\n"
         "try:\n"
@@ -258,7 +203,7 @@ def test_filling_the_scratch_disk_stops_at_its_size(target):
     assert result.ok, result.text
     assert result.text.startswith("stopped ENOSPC")
     assert int(result.text.split()[-1]) <= target.config.scratch_mb
-    assert_still_healthy(target)
+    healthy(target)
 
 
 @pytest.mark.parametrize(
@@ -271,10 +216,10 @@ def test_filling_the_scratch_disk_stops_at_its_size(target):
     ],
     ids=["kill-parent", "killpg-parent", "kill-all", "killpg-self"],
 )
-def test_killing_the_worker_or_pool_only_costs_that_call(target, code):
+def test_killing_the_worker_or_pool_only_costs_that_call(target, code, healthy):
     result = target.run_sync(code)
     assert not result.ok
-    assert_still_healthy(target)
+    healthy(target)
 
 
 @pytest.mark.parametrize(
@@ -285,15 +230,15 @@ def test_killing_the_worker_or_pool_only_costs_that_call(target, code):
     ],
     ids=["close-it", "forge-early-end"],
 )
-def test_the_exit_status_pipe_only_ends_the_call(target, code, expected):
+def test_the_exit_status_pipe_only_ends_the_call(target, code, expected, healthy):
     # fd 3 is where a call reports its exit status, so that the reply need not wait for the kernel to
     # tear the fork down. Forging it only ends the call early (and kills it), like os._exit would.
     result = target.run_sync(code)
     assert result.ok and result.text == expected
-    assert_still_healthy(target)
+    healthy(target)
 
 
-def test_ctypes_cannot_regain_privileges_or_make_namespaces(target):
+def test_ctypes_cannot_regain_privileges_or_make_namespaces(target, healthy):
     clone = {"x86_64": 56, "aarch64": 220}.get(platform.machine())
     if clone is None:
         pytest.skip(f"no clone syscall number known for {platform.machine()}")
@@ -311,10 +256,10 @@ def test_ctypes_cannot_regain_privileges_or_make_namespaces(target):
     assert result.text.splitlines() == [
         "setuid -1 False", "ptrace -1", "mount -1", "user-namespace -1", "clone-user-namespace -1"
     ]
-    assert_still_healthy(target)
+    healthy(target)
 
 
-def test_locked_or_deep_scratch_trees_are_still_removed(target):
+def test_locked_or_deep_scratch_trees_are_still_removed(target, healthy):
     code = (
         "import os\n"
         "os.makedirs('/tmp/a/b/c')\n"
@@ -328,5 +273,5 @@ def test_locked_or_deep_scratch_trees_are_still_removed(target):
         "print('locked')"
     )
     assert target.run_sync(code).text == "locked\n"
-    assert_still_healthy(target)
+    healthy(target)
     assert target.run_sync("import os\nos.listdir('/dev/shm')").text == "[]\n"
