@@ -113,6 +113,22 @@ def autocast_context(device: torch.device, dtype: torch.dtype | None):
     return torch.autocast(device.type, dtype=dtype) if dtype is not None else contextlib.nullcontext()
 
 
+def needs_logprob_correction(policy: object) -> bool:
+    """Whether ``policy``'s rollout log-probs come from another engine than the trained module (``exact_logprobs``
+    False, as for `rapo_agents.policies.fast.FastPolicy`'s int8 decoder): the trainer then recomputes ``logp_old``
+    with the trained module (`recompute_logprobs`), so that the PPO ratio starts at exactly 1 (measured mean
+    |diff| on SmolLM2-135M int8: ~0.15 nats per token, see ``benchmarks/generation.py``)."""
+    return not getattr(policy, "exact_logprobs", True)
+
+
+def logprob_mismatch(rollout: torch.Tensor, recomputed: torch.Tensor, loss_mask: torch.Tensor) -> dict[str, float]:
+    """Mean and max ``|rollout - recomputed|`` log-prob over the loss tokens (what the correction removed)."""
+    diff = (rollout - recomputed).abs()[loss_mask.bool()]
+    if diff.numel() == 0:
+        return {"logprob/rollout_abs_diff_mean": 0.0, "logprob/rollout_abs_diff_max": 0.0}
+    return {"logprob/rollout_abs_diff_mean": float(diff.mean()), "logprob/rollout_abs_diff_max": float(diff.max())}
+
+
 @torch.no_grad()
 def recompute_logprobs(model: torch.nn.Module, batch: TrainBatch, settings: UpdateSettings) -> torch.Tensor:
     """``logp_old`` recomputed by the trainer's forward pass (as verl does), aligned with the batch."""

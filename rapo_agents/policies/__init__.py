@@ -25,10 +25,12 @@ from rapo_agents.policies.scripted import ByteTokenizer, ScriptedPolicy
 
 _LAZY = {
     "HFPolicy": "rapo_agents.policies.hf",
+    "FastPolicy": "rapo_agents.policies.fast",
     "default_policy_path": "rapo_agents.policies.hf",
     "VLLMPolicy": "rapo_agents.policies.vllm",
     "OpenAIPolicy": "rapo_agents.policies.openai",
     "make_policy": "rapo_agents.policies.factory",
+    "policy_for_model": "rapo_agents.policies.factory",
 }
 
 __all__ = [

@@ -11,6 +11,32 @@ from collections.abc import Sequence
 from typing import Any
 
 POLICY_KINDS = ("hf", "vllm", "openai", "scripted")
+HF_ENGINES = ("auto", "fast", "reference")
+"""How ``hf`` policies decode: ``fast`` (`FastPolicy`, a packed int8/bf16 decoder), ``reference`` (`HFPolicy`,
+plain transformers, exact log-probs) or ``auto`` (fast on CPU for the models it supports, else reference)."""
+
+
+def policy_for_model(model: Any, tokenizer: Any, engine: str = "auto", **kwargs: Any):
+    """The rollout policy of a loaded transformers ``model`` (what the trainer and ``rapo eval`` decode with).
+
+    Example:
+        >>> from transformers import LlamaConfig, LlamaForCausalLM
+        >>> from rapo_agents.policies import ByteTokenizer
+        >>> model = LlamaForCausalLM(LlamaConfig(vocab_size=260, hidden_size=32, intermediate_size=64,
+        ...     num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1))
+        >>> type(policy_for_model(model, ByteTokenizer(), engine="reference")).__name__
+        'HFPolicy'
+    """
+    from rapo_agents.policies.fast import FastPolicy, supports
+    from rapo_agents.policies.hf import HFPolicy
+
+    if engine not in HF_ENGINES:
+        raise ValueError(f"unknown hf engine {engine!r}; choose one of {HF_ENGINES}")
+    on_cpu = next(model.parameters()).device.type == "cpu"
+    if engine == "fast" or (engine == "auto" and on_cpu and supports(model)):
+        return FastPolicy(model, tokenizer, **kwargs)
+    kwargs.pop("weight_format", None)
+    return HFPolicy(model, tokenizer, **kwargs)
 
 
 def make_policy(
@@ -21,12 +47,14 @@ def make_policy(
     tokenizer: str | None = None,
     device: str = "auto",
     turns: Sequence[str] | None = None,
+    engine: str = "auto",
     **kwargs: Any,
 ):
     """A policy of backend ``kind``.
 
     Args:
-        kind: ``hf`` (transformers; ``model`` = HF folder, default the embedded SmolLM2), ``vllm`` (``model``
+        kind: ``hf`` (transformers; ``model`` = HF folder, default the embedded SmolLM2; decoded as ``engine``
+            says, one of `HF_ENGINES`), ``vllm`` (``model``
             required), ``openai`` (``base_url`` and ``tokenizer`` required; ``model`` = the served model id) or
             ``scripted`` (plays ``turns``). ``embedded`` as ``model`` or ``tokenizer`` is the embedded SmolLM2.
         kwargs: passed to the backend's constructor.
@@ -42,7 +70,13 @@ def make_policy(
     if kind == "hf":
         from rapo_agents.policies.hf import HFPolicy
 
-        return HFPolicy.from_pretrained(model, device=device, **kwargs)
+        if engine not in HF_ENGINES:
+            raise ValueError(f"unknown hf engine {engine!r}; choose one of {HF_ENGINES}")
+        max_batch_size = kwargs.pop("max_batch_size", 32)
+        weight_format = kwargs.pop("weight_format", None)
+        loaded = HFPolicy.from_pretrained(model, device=device, **kwargs)
+        return policy_for_model(loaded.model, loaded.tokenizer, engine, max_batch_size=max_batch_size,
+                                **({"weight_format": weight_format} if weight_format else {}))
     if kind == "vllm":
         if not model:
             raise ValueError("the vllm policy needs a model path or hub id")
@@ -74,8 +108,12 @@ def add_policy_arguments(parser: Any, default: str = "hf", extra_kinds: Sequence
     parser.add_argument("--base-url", default=None, help="openai: API root, e.g. http://127.0.0.1:8000/v1")
     parser.add_argument("--tokenizer", default=None, help="openai: tokenizer folder of the served model")
     parser.add_argument("--device", default="auto", help="hf: cpu, cuda or auto")
+    parser.add_argument("--hf-engine", default="auto", choices=HF_ENGINES,
+                        help="hf: fast (packed int8 decoder, several times faster on CPU), reference (plain "
+                             "transformers, exact log-probs) or auto (fast on CPU)")
 
 
 def policy_from_args(args: Any):
     """Build the policy that `add_policy_arguments` options describe."""
-    return make_policy(args.policy, args.model, base_url=args.base_url, tokenizer=args.tokenizer, device=args.device)
+    return make_policy(args.policy, args.model, base_url=args.base_url, tokenizer=args.tokenizer, device=args.device,
+                       engine=getattr(args, "hf_engine", "auto"))

@@ -35,13 +35,8 @@ from typing import Any
 
 import torch
 
-from rapo_agents.policies.base import (
-    Generation,
-    SamplingParams,
-    check_contexts,
-    find_stop,
-    per_context_sampling,
-)
+from rapo_agents.policies.base import Generation, SamplingParams, check_contexts, per_context_sampling
+from rapo_agents.policies.decoding import Row, ThroughputMeter, max_stop_chars, step_rows
 
 
 def default_policy_path() -> str:
@@ -117,6 +112,8 @@ class HFPolicy:
         accepted = inspect.signature(model.forward).parameters
         self._cache_kwarg = "cache" if "cache" in accepted else "past_key_values"
         self._keep_kwarg = next((k for k in ("logits_to_keep", "num_logits_to_keep") if k in accepted), None)
+        self.throughput = ThroughputMeter()
+        """Generated tokens and seconds over every `generate` call (``throughput.tokens_per_s``)."""
 
     @classmethod
     def from_pretrained(
@@ -170,12 +167,13 @@ class HFPolicy:
         params = per_context_sampling(contexts, sampling)
         results: list[Generation | None] = [None] * len(contexts)
         order = sorted(range(len(contexts)), key=lambda i: -len(contexts[i]))  # similar lengths pad less
-        with self._inference():
+        with self.throughput, self._inference():
             for start in range(0, len(order), self.max_batch_size):
                 chunk = order[start : start + self.max_batch_size]
                 for index, generation in zip(chunk, self._generate_batch([contexts[i] for i in chunk],
                                                                          [params[i] for i in chunk]), strict=True):
                     results[index] = generation
+        self.throughput.count(results)  # type: ignore[arg-type]
         return results  # type: ignore[return-value]
 
     @contextlib.contextmanager
@@ -203,18 +201,15 @@ class HFPolicy:
         positions = (attention.cumsum(-1) - 1).clamp(min=0)
         next_position = attention.sum(-1, keepdim=True)
 
-        rows = [_RowState(p, budget, self._row_generator(p, device)) for p, budget in zip(params, budgets, strict=True)]
-        live = [i for i in range(batch) if rows[i].budget > 0]
-        for i in range(batch):
-            if rows[i].budget <= 0:
-                rows[i].finish = "length"
+        rows = [Row(p, budget, device) for p, budget in zip(params, budgets, strict=True)]
+        live = [i for i in range(batch) if rows[i].finish is None]
         if live and len(live) < batch:
             keep = torch.tensor(live, device=device)
             input_ids, attention, positions, next_position = (
                 input_ids[keep], attention[keep], positions[keep], next_position[keep])
         cache = None
         step_input, step_positions = input_ids, positions
-        max_stop_chars = max((len(s) for p in params for s in p.stop), default=0)
+        stop_chars = max_stop_chars(params)
         while live:
             kwargs = {self._cache_kwarg: cache}
             if self._keep_kwarg:
@@ -224,13 +219,7 @@ class HFPolicy:
             )
             cache = out.get("cache") if out.get("cache") is not None else out.get("past_key_values")
             logits = out.logits[:, -1, :].float()
-            tokens, token_logprobs, entropies, top = self._sample([rows[i] for i in live], logits)
-            still_live = []
-            for slot, row_index in enumerate(live):
-                row = rows[row_index]
-                row.append(tokens[slot], token_logprobs[slot], entropies[slot], top[slot] if top else None)
-                if not self._check_finished(row, max_stop_chars):
-                    still_live.append(slot)
+            tokens, still_live = step_rows(rows, live, logits, self.tokenizer, self.eos_token_ids, stop_chars)
             if not still_live:
                 break
             if len(still_live) < len(live):
@@ -245,113 +234,3 @@ class HFPolicy:
             step_positions = next_position
             next_position = next_position + 1
         return [row.to_generation(self.tokenizer) for row in rows]
-
-    @staticmethod
-    def _row_generator(params: SamplingParams, device: torch.device) -> torch.Generator | None:
-        if params.greedy or params.seed is None:
-            return None
-        generator = torch.Generator(device=device)
-        generator.manual_seed(int(params.seed) & 0xFFFF_FFFF_FFFF)
-        return generator
-
-    def _sample(self, rows: list[_RowState], logits: torch.Tensor):
-        """Pick one token per row; return tokens, their log-probs, entropies and top-k log-probs (lists)."""
-        logprobs = torch.log_softmax(logits, dim=-1)
-        want_entropy = any(r.params.entropies for r in rows)
-        entropies = (-(logprobs.exp() * logprobs).sum(-1)).tolist() if want_entropy else [None] * len(rows)
-        k = max(r.params.top_logprobs for r in rows)
-        top = None
-        if k:
-            values, ids = logprobs.topk(min(k, logprobs.shape[-1]), dim=-1)
-            top = list(zip(values.tolist(), ids.tolist(), strict=True))
-
-        tokens = logits.argmax(-1)
-        sampled = [i for i, r in enumerate(rows) if not r.params.greedy]
-        if sampled:
-            index = torch.tensor(sampled, device=logits.device)
-            probs = _filtered_probs(logits[index], [rows[i].params for i in sampled])
-            shared = [j for j, i in enumerate(sampled) if rows[i].generator is None]
-            if shared:
-                picks = torch.multinomial(probs[shared], 1).squeeze(-1)
-                tokens[index[shared]] = picks
-            for j, i in enumerate(sampled):
-                if rows[i].generator is not None:
-                    tokens[i] = torch.multinomial(probs[j], 1, generator=rows[i].generator)[0]
-        token_logprobs = logprobs.gather(-1, tokens[:, None]).squeeze(-1).tolist()
-        return tokens.tolist(), token_logprobs, entropies, top
-
-    def _check_finished(self, row: _RowState, max_stop_chars: int) -> bool:
-        token = row.tokens[-1]
-        if token in self.eos_token_ids:
-            row.finish = "eos"
-        elif row.params.stop:
-            # Decode only the tail: a stop string spans few tokens, and decoding the whole
-            # continuation every step would cost O(n^2).
-            tail = self.tokenizer.decode(row.tokens[-(max_stop_chars + 3):], skip_special_tokens=True)
-            hit = find_stop(tail, row.params.stop)
-            if hit is not None:
-                row.finish, row.stop_string = "stop", hit[1]
-        if row.finish is None and len(row.tokens) >= row.budget:
-            row.finish = "length"
-        return row.finish is not None
-
-
-def _filtered_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
-    """Sampling probabilities after temperature, top-k and top-p, one setting per row."""
-    temperature = torch.tensor([p.temperature for p in params], device=logits.device, dtype=logits.dtype)
-    logits = logits / temperature[:, None]
-    vocab = logits.shape[-1]
-    top_k = [p.top_k if 0 < p.top_k < vocab else vocab for p in params]
-    top_p = [p.top_p for p in params]
-    if min(top_k) < vocab or min(top_p) < 1.0:
-        sorted_logits, sorted_index = logits.sort(dim=-1, descending=True)
-        rank = torch.arange(vocab, device=logits.device)[None, :]
-        drop = rank >= torch.tensor(top_k, device=logits.device)[:, None]
-        sorted_probs = torch.softmax(sorted_logits.masked_fill(drop, float("-inf")), dim=-1)
-        before = sorted_probs.cumsum(-1) - sorted_probs  # mass of strictly more likely tokens
-        drop |= before >= torch.tensor(top_p, device=logits.device, dtype=logits.dtype)[:, None]
-        drop[:, 0] = False
-        logits = torch.full_like(logits, float("-inf")).scatter(-1, sorted_index,
-                                                                 sorted_logits.masked_fill(drop, float("-inf")))
-    return torch.softmax(logits, dim=-1)
-
-
-class _RowState:
-    """One continuation being decoded."""
-
-    __slots__ = ("params", "budget", "generator", "tokens", "logprobs", "entropies", "top", "top_ids", "finish",
-                 "stop_string")
-
-    def __init__(self, params: SamplingParams, budget: int, generator: torch.Generator | None):
-        self.params, self.budget, self.generator = params, budget, generator
-        self.tokens: list[int] = []
-        self.logprobs: list[float] = []
-        self.entropies: list[float] = []
-        self.top: list[list[float]] = []
-        self.top_ids: list[list[int]] = []
-        self.finish: str | None = None
-        self.stop_string: str | None = None
-
-    def append(self, token: int, logprob: float, entropy: float | None,
-               top: tuple[list[float], list[int]] | None) -> None:
-        self.tokens.append(token)
-        self.logprobs.append(logprob)
-        if entropy is not None:
-            self.entropies.append(entropy)
-        if top is not None:
-            k = self.params.top_logprobs
-            self.top.append(top[0][:k])
-            self.top_ids.append(top[1][:k])
-
-    def to_generation(self, tokenizer: Any) -> Generation:
-        params = self.params
-        return Generation(
-            token_ids=self.tokens,
-            text=tokenizer.decode(self.tokens, skip_special_tokens=True),
-            finish_reason=self.finish or "length",  # type: ignore[arg-type]
-            logprobs=self.logprobs if params.logprobs else None,
-            entropies=self.entropies if params.entropies else None,
-            top_logprobs=self.top if params.top_logprobs else None,
-            top_token_ids=self.top_ids if params.top_logprobs else None,
-            stop_string=self.stop_string,
-        )

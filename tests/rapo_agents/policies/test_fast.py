@@ -1,0 +1,135 @@
+"""FastPolicy against the reference HFPolicy: same tokens, stops and log-probs (fp32 exactly, int8 within a
+stated tolerance), weight sync after updates, the factory's choice, and the trainer's log-prob correction."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from rapo_agents.policies import SamplingParams
+from rapo_agents.policies import fast as fast_module
+from rapo_agents.policies.factory import policy_for_model
+from rapo_agents.policies.fast import FastPolicy
+from rapo_agents.policies.hf import HFPolicy
+from rapo_agents.update import logprob_mismatch, needs_logprob_correction
+
+SAMPLED = SamplingParams(temperature=1.0, max_new_tokens=24, stop=(), seed=7)
+GREEDY = SamplingParams(temperature=0.0, max_new_tokens=16, stop=())
+
+INT8_MEAN_TOLERANCE = 0.35
+"""Mean |log-prob diff| per sampled token allowed for int8 decoding of SmolLM2 (measured ~0.15)."""
+
+
+@pytest.fixture
+def reference(tiny_policy):
+    """A private copy of the tiny random Llama as an `HFPolicy` (tests here change its weights)."""
+    return HFPolicy(copy.deepcopy(tiny_policy.model), tiny_policy.tokenizer, max_batch_size=16)
+
+
+def contexts_of(policy, *texts):
+    return [policy.tokenizer.encode(text) for text in texts]
+
+
+def test_fp32_decoding_matches_the_reference_tokens_logprobs_entropies_and_top_k(reference):
+    fast = FastPolicy(reference.model, reference.tokenizer, weight_format="fp32")
+    contexts = contexts_of(reference, "Compute 12 * 7 with python.", "short", "A third, medium context")
+    params = [SAMPLED.replace(seed=seed) for seed in range(3)]
+    for expected, got in zip(reference.generate(contexts, params), fast.generate(contexts, params), strict=True):
+        assert got.token_ids == expected.token_ids and got.finish_reason == expected.finish_reason
+        for field in ("logprobs", "entropies", "top_logprobs"):
+            torch.testing.assert_close(torch.tensor(getattr(got, field)), torch.tensor(getattr(expected, field)),
+                                       atol=1e-4, rtol=1e-4)
+        assert got.top_token_ids == expected.top_token_ids
+
+
+def test_stop_strings_eos_and_rows_leaving_the_batch_early(reference, monkeypatch):
+    monkeypatch.setattr(fast_module, "CACHE_CHUNK", 4)  # the cache must grow several times
+    fast = FastPolicy(reference.model, reference.tokenizer, weight_format="fp32")
+    [context] = contexts_of(reference, "<python>")
+    free = reference.generate([context], GREEDY)[0]
+    stop = reference.tokenizer.decode(free.token_ids)[6:8]
+    params = [GREEDY.replace(stop=("</never>", stop)), GREEDY.replace(max_new_tokens=3), GREEDY]
+    for expected, got in zip(reference.generate([context] * 3, params), fast.generate([context] * 3, params),
+                             strict=True):
+        assert (got.token_ids, got.finish_reason, got.stop_string) == (
+            expected.token_ids, expected.finish_reason, expected.stop_string)
+    cut = fast.generate([context], params[0])[0]
+    assert cut.finish_reason == "stop" and cut.text.endswith(stop) and cut.text.count(stop) == 1
+
+
+def test_weight_updates_change_what_it_generates_with_or_without_an_explicit_sync(reference):
+    fast = FastPolicy(reference.model, reference.tokenizer, weight_format="fp32")
+    [context] = contexts_of(reference, "Compute 12 * 7 with python.")
+    before = fast.generate([context], SAMPLED)[0]
+    with torch.no_grad():  # an in-place update of the shared module, as an optimizer step makes
+        reference.model.lm_head.weight.mul_(3.0)
+    after = fast.generate([context], SAMPLED)[0]  # no sync called: the version counters notice
+    expected = reference.generate([context], SAMPLED)[0]
+    assert after.logprobs != pytest.approx(before.logprobs, abs=1e-2)
+    torch.testing.assert_close(torch.tensor(after.logprobs), torch.tensor(expected.logprobs), atol=1e-4, rtol=1e-4)
+
+    trainer_copy = copy.deepcopy(reference.model)
+    with torch.no_grad():
+        trainer_copy.model.norm.weight.mul_(0.25)
+    separate = FastPolicy(copy.deepcopy(reference.model), reference.tokenizer, weight_format="fp32")
+    assert separate.sync_weights(trainer_copy) is True
+    synced = separate.generate([context], SAMPLED)[0]
+    truth = HFPolicy(trainer_copy, reference.tokenizer).generate([context], SAMPLED)[0]
+    torch.testing.assert_close(torch.tensor(synced.entropies), torch.tensor(truth.entropies), atol=1e-4, rtol=1e-4)
+
+
+def test_int8_decoding_stays_close_and_asks_for_a_logprob_correction(reference):
+    fast = FastPolicy(reference.model, reference.tokenizer, weight_format="int8")
+    contexts = contexts_of(reference, "Compute 12 * 7 with python.", "short")
+    generations = fast.generate(contexts, SAMPLED)
+    diffs = []
+    for context, generation in zip(contexts, generations, strict=True):
+        ids = torch.tensor([context + generation.token_ids])
+        with torch.no_grad():
+            logprobs = torch.log_softmax(reference.model(ids).logits.float()[0], dim=-1)
+        chosen = logprobs[len(context) - 1 : -1].gather(-1, torch.tensor(generation.token_ids)[:, None])
+        diffs.append((torch.tensor(generation.logprobs) - chosen.squeeze(-1)).abs())
+    assert float(torch.cat(diffs).mean()) < 0.1  # a random tiny model has no activation outliers
+    assert needs_logprob_correction(fast) and not needs_logprob_correction(reference)
+
+
+def test_logprob_mismatch_reads_only_loss_tokens():
+    rollout = torch.tensor([[0.0, -1.0, -2.0], [0.0, -0.5, -9.0]])
+    recomputed = torch.tensor([[5.0, -1.5, -2.0], [0.0, -0.25, 0.0]])
+    mask = torch.tensor([[0, 1, 1], [0, 1, 0]])
+    stats = logprob_mismatch(rollout, recomputed, mask)
+    assert stats == {"logprob/rollout_abs_diff_mean": pytest.approx(0.25), "logprob/rollout_abs_diff_max": 0.5}
+
+
+def test_factory_picks_the_fast_path_on_cpu_and_falls_back_for_other_models(reference):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    assert isinstance(policy_for_model(reference.model, reference.tokenizer), FastPolicy)
+    plain = policy_for_model(reference.model, reference.tokenizer, engine="reference")
+    assert type(plain) is HFPolicy
+    gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=260, n_embd=32, n_layer=1, n_head=2, n_positions=64))
+    assert type(policy_for_model(gpt2, reference.tokenizer)) is HFPolicy
+    with pytest.raises(ValueError, match="LlamaDecoder cannot run this model"):
+        policy_for_model(gpt2, reference.tokenizer, engine="fast")
+    with pytest.raises(ValueError, match="unknown hf engine"):
+        policy_for_model(reference.model, reference.tokenizer, engine="turbo")
+
+
+@pytest.mark.slow
+def test_smollm2_int8_agrees_with_the_reference_within_tolerance(smollm2, smollm2_chat):
+    reference = smollm2
+    fast = FastPolicy(reference.model, reference.tokenizer, weight_format="int8")
+    context = smollm2_chat("What is 2+3? Answer briefly.")
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=3, stop=())
+    assert fast.generate([context], greedy)[0].token_ids[:1] == reference.generate([context], greedy)[0].token_ids[:1]
+
+    generations = fast.generate([context] * 2, [SAMPLED.replace(seed=s, max_new_tokens=16) for s in range(2)])
+    diffs = []
+    for generation in generations:
+        with torch.no_grad():
+            logprobs = torch.log_softmax(reference.model(torch.tensor([context + generation.token_ids])).logits[0], -1)
+        chosen = logprobs[len(context) - 1 : -1].gather(-1, torch.tensor(generation.token_ids)[:, None])
+        diffs.append((torch.tensor(generation.logprobs) - chosen.squeeze(-1)).abs())
+    assert float(torch.cat(diffs).mean()) < INT8_MEAN_TOLERANCE
