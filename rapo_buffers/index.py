@@ -3,22 +3,28 @@
 Keys are normalised with `rapo_buffers.text.normalize_context` (the same function queries go
 through), embedded in chunks and added to the index as they come, so a 170k-step buffer never
 holds more than one chunk of text in the encoder at once. The sidecar (``<index>.json``) records
-the model, the count and the normalisation, so that a server can refuse a mismatched buffer.
+the model, the count, the normalisation and the `EncoderSpec`, so that a server can refuse a
+mismatched buffer and encodes queries exactly like the keys.
+
+Both encoders cut a key that is too long from the left, as `normalize_context` does: the newest part
+of a context is what the next step depends on. ``BUFFER_ENCODER`` (paper mode) is MiniLM's mean pooling
+over 256 tokens, ``REFERENCE_BUFFER_ENCODER`` the reference's last-token state over 512.
 
 Example:
     >>> import tempfile, os
     >>> from rapo_buffers.schema import StepTrace
-    >>> from rapo_tools.search.embedding import Embedder
+    >>> from rapo_tools.search.embedding import BUFFER_ENCODER, REFERENCE_BUFFER_ENCODER, EncoderSpec, Embedder
     >>> from rapo_tools.search.faiss_index import IndexConfig
     >>> traces = [StepTrace(key=f"question {i}", value=f"step {i}", reward=1.0) for i in range(3)]
     >>> path = os.path.join(tempfile.mkdtemp(), "buffer.index")
     >>> meta = build_step_index(traces, path, Embedder(), IndexConfig(kind="flat"), show_progress=False)
-    >>> meta["count"], meta["normalization"]["max_chars"]
-    (3, 1300)
+    >>> meta["count"], meta["normalization"]["max_chars"], meta["encoder"]["truncation_side"]
+    (3, 1300, 'left')
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -28,20 +34,26 @@ from tqdm.auto import tqdm
 
 from rapo_buffers.schema import StepTrace
 from rapo_buffers.text import MAX_CONTEXT_CHARS, normalize_context
-from rapo_tools.search.embedding import Embedder
+from rapo_tools.search.embedding import BUFFER_ENCODER, REFERENCE_BUFFER_ENCODER, EncoderSpec, Embedder
 from rapo_tools.search.faiss_index import IndexConfig, build_index, load_sidecar, save_index
 
 INDEX_KIND = "step_trace"
 """The sidecar's ``kind``: tells a step-trace index from a knowledge-search one."""
+ENCODINGS = {"paper": BUFFER_ENCODER, "reference": REFERENCE_BUFFER_ENCODER}
+"""Key encoders by fidelity mode (``rapo buffer index --encoder``)."""
 
 
 def step_index_sidecar(
-    model_name: str, corpus_path: str | os.PathLike[str] | None, max_chars: int = MAX_CONTEXT_CHARS
+    model_name: str,
+    corpus_path: str | os.PathLike[str] | None,
+    max_chars: int = MAX_CONTEXT_CHARS,
+    encoder: EncoderSpec = BUFFER_ENCODER,
 ) -> dict[str, Any]:
     """The sidecar fields of a step-trace index (`save_index` adds count, dimension and config)."""
     return {
         "kind": INDEX_KIND,
         "model": model_name,
+        "encoder": dataclasses.asdict(encoder),
         "corpus_path": None if corpus_path is None else os.fspath(corpus_path),
         "normalization": {"drop_system_prompt": True, "strip_special_tokens": True, "max_chars": max_chars},
     }
@@ -66,6 +78,7 @@ def build_step_index(
     max_chars: int = MAX_CONTEXT_CHARS,
     chunk_size: int = 4096,
     show_progress: bool = True,
+    encoder: EncoderSpec = BUFFER_ENCODER,
 ) -> dict[str, Any]:
     """Embed the normalised keys of ``traces``, build the index, save it with its sidecar; return the sidecar.
 
@@ -78,13 +91,15 @@ def build_step_index(
         max_chars: Characters of normalised key kept (1,300 as in the reference).
         chunk_size: Keys embedded per chunk before being added to the index.
         show_progress: Show tqdm bars.
+        encoder: How keys are cut and pooled (`BUFFER_ENCODER`, or `REFERENCE_BUFFER_ENCODER` in reference
+            mode); recorded in the sidecar, and queries are encoded by it.
 
     Raises:
         ValueError: when ``traces`` is empty.
     """
     if not traces:
         raise ValueError("cannot index an empty buffer")
-    embedder = embedder or Embedder()
+    embedder = (embedder or Embedder()).with_encoder(encoder)
     config = config or IndexConfig(kind="hnsw")
     keys = [normalize_context(trace.key, max_chars) for trace in traces]
     index = build_index(
@@ -93,5 +108,5 @@ def build_step_index(
         total=len(keys),
         show_progress=show_progress,
     )
-    save_index(index, index_path, step_index_sidecar(embedder.model_name, corpus_path, max_chars), config)
+    save_index(index, index_path, step_index_sidecar(embedder.model_name, corpus_path, max_chars, encoder), config)
     return load_sidecar(index_path)

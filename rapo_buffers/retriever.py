@@ -8,7 +8,7 @@ Example:
     >>> import tempfile, os
     >>> from rapo_buffers.index import build_step_index
     >>> from rapo_buffers.schema import StepTrace
-    >>> from rapo_tools.search.embedding import Embedder
+    >>> from rapo_tools.search.embedding import BUFFER_ENCODER, EncoderSpec, Embedder
     >>> from rapo_tools.search.faiss_index import IndexConfig, load_index
     >>> traces = [StepTrace(key="How many legs do 3 cats have?", value="<python>3*4</python>", reward=1.0),
     ...           StepTrace(key="What is the capital of France?", value="<search>France capital</search>", reward=1.0)]
@@ -31,7 +31,7 @@ from rapo_buffers.candidates import Candidate
 from rapo_buffers.index import INDEX_KIND
 from rapo_buffers.schema import StepTrace, read_buffer
 from rapo_buffers.text import MAX_CONTEXT_CHARS, normalize_context
-from rapo_tools.search.embedding import Embedder
+from rapo_tools.search.embedding import BUFFER_ENCODER, EncoderSpec, Embedder
 from rapo_tools.search.faiss_index import IndexFileError, load_index
 
 logger = logging.getLogger(__name__)
@@ -43,16 +43,24 @@ class InProcessRetriever:
     Args:
         traces: The buffer's records; index id ``i`` is ``traces[i]``.
         index: A FAISS index over the normalised keys (inner product on L2-normalised vectors).
-        embedder: The encoder the index was built with.
+        embedder: The model the index was built with.
         max_chars: Characters of normalised query kept; must match the keys' (the sidecar's value).
+        encoder: How queries are cut and pooled; must match the keys' (the sidecar's ``encoder``).
     """
 
-    def __init__(self, traces: Sequence[StepTrace], index: Any, embedder: Embedder, max_chars: int = MAX_CONTEXT_CHARS):
+    def __init__(
+        self,
+        traces: Sequence[StepTrace],
+        index: Any,
+        embedder: Embedder,
+        max_chars: int = MAX_CONTEXT_CHARS,
+        encoder: EncoderSpec = BUFFER_ENCODER,
+    ):
         if int(index.ntotal) != len(traces):
             raise IndexFileError(f"the index holds {index.ntotal} vectors but the buffer has {len(traces)} steps")
         self.traces = list(traces)
         self.index = index
-        self.embedder = embedder
+        self.embedder = embedder.with_encoder(encoder)
         self.max_chars = max_chars
 
     @classmethod
@@ -63,7 +71,8 @@ class InProcessRetriever:
         embedder: Embedder | None = None,
         mmap: bool = True,
     ) -> InProcessRetriever:
-        """Load a buffer JSONL and its index (memory-mapped); the embedder defaults to the sidecar's model.
+        """Load a buffer JSONL and its index (memory-mapped); the embedder defaults to the sidecar's model,
+        and queries are encoded by the sidecar's `EncoderSpec`.
 
         Raises:
             IndexFileError: when the index is missing, corrupt, or does not match the buffer.
@@ -82,7 +91,8 @@ class InProcessRetriever:
                 "index %s was built with %s, queries use %s", index_path, sidecar["model"], embedder.model_name
             )
         max_chars = int(sidecar.get("normalization", {}).get("max_chars", MAX_CONTEXT_CHARS))
-        return cls(traces, index, embedder, max_chars=max_chars)
+        # An index from before encoders were recorded was built by the right-cutting default.
+        return cls(traces, index, embedder, max_chars, EncoderSpec.from_dict(sidecar.get("encoder")))
 
     def retrieve(self, queries: list[str], topk: int) -> list[list[Candidate]]:
         """For each query, up to ``topk`` candidates, best first.

@@ -8,7 +8,8 @@ Request and answer follow the reference server::
 The app is `rapo_tools.search.service.create_search_app` over an
 `rapo_buffers.retriever.InProcessRetriever`: concurrent requests are batched into one encode and
 one FAISS search, and bad input gets a 4xx. Queries are normalised on the server (drop the system
-prompt, keep the last 1,300 characters), so clients may send whole contexts.
+prompt, keep the last 1,300 characters), so clients may send whole contexts. The reply is the
+reference's, which its ``RetrieveTool`` parses (the best ``reward``'s ``document``), plus ``is_final``.
 
 Example:
     >>> import httpx
@@ -22,7 +23,6 @@ Example:
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from typing import Any
 
@@ -52,10 +52,8 @@ def create_retrieval_app(
         batching: Micro-batching settings; ``BatchingConfig(enabled=False)`` is the per-request baseline.
         health_info: Extra ``/health`` fields (buffer size, model).
         on_shutdown: Called when the server stops.
-        default_topk: ``topk`` of requests that do not send one (the reference server's ``--topk``).
+        default_topk: ``topk`` of requests that send none, null or 0 (the reference server's ``--topk``).
     """
-    if default_topk < 1:
-        raise ValueError(f"default_topk must be >= 1, got {default_topk}")
 
     def search_batch(queries: list[str], topk: int) -> list[list[dict[str, Any]]]:
         return [
@@ -71,7 +69,7 @@ def create_retrieval_app(
             for candidates in retriever.retrieve(queries, topk)
         ]
 
-    app = create_search_app(
+    return create_search_app(
         search_batch,
         route=RETRIEVE_ROUTE,
         limits=limits or DEFAULT_LIMITS,
@@ -79,51 +77,5 @@ def create_retrieval_app(
         health_info=health_info,
         title="rapo step-trace retrieval",
         on_shutdown=on_shutdown,
+        default_topk=default_topk,
     )
-    if default_topk != 3:  # 3 is the request model's own default
-        app.add_middleware(_DefaultTopk, topk=default_topk, max_body_bytes=(limits or DEFAULT_LIMITS).max_body_bytes)
-    return app
-
-
-class _DefaultTopk:
-    """ASGI middleware: add ``"topk"`` to ``/retrieve`` request bodies that lack it."""
-
-    def __init__(self, app: Any, topk: int, max_body_bytes: int):
-        self.app, self.topk, self.max_body_bytes = app, topk, max_body_bytes
-
-    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
-        length = dict(scope.get("headers", [])).get(b"content-length", b"")
-        # Bodies without a length or over the limit are left to the app, which rejects oversized ones unread.
-        if (
-            scope["type"] != "http"
-            or scope["method"] != "POST"
-            or scope["path"] != RETRIEVE_ROUTE
-            or not length.isdigit()
-            or int(length) > self.max_body_bytes
-        ):
-            await self.app(scope, receive, send)
-            return
-        chunks, more = [], True
-        while more:
-            message = await receive()
-            chunks.append(message.get("body", b""))
-            more = message.get("more_body", False)
-        body = b"".join(chunks)
-        try:
-            payload = json.loads(body)
-        except ValueError:
-            payload = None  # malformed JSON goes through untouched and gets the app's 422
-        if isinstance(payload, dict) and "topk" not in payload:
-            body = json.dumps({**payload, "topk": self.topk}).encode()
-        headers = [(name, value) for name, value in scope["headers"] if name != b"content-length"]
-        scope = {**scope, "headers": [*headers, (b"content-length", str(len(body)).encode())]}
-        sent = False
-
-        async def replay() -> dict:
-            nonlocal sent
-            if sent:
-                return await receive()  # after the body: wait for the disconnect as usual
-            sent = True
-            return {"type": "http.request", "body": body, "more_body": False}
-
-        await self.app(scope, replay, send)

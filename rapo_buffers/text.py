@@ -6,6 +6,11 @@
 2. remove chat role headers and special tokens (``<|im_start|>assistant``, ``<|eot_id|>``, ...);
 3. keep the last ``max_chars`` (1,300) characters.
 
+Both cuts keep the newest context, and so does the encoder after them: the step-trace encoders
+(`rapo_tools.search.embedding.BUFFER_ENCODER` and ``REFERENCE_BUFFER_ENCODER``) drop the tokens beyond
+their limit from the left as well, for keys and queries alike (the reference cut the tokens from the
+right, losing the end of the 1,300 characters whenever they exceeded its token limit).
+
 The reference applied this to keys only, so that its queries kept special tokens its keys lacked.
 Here one function serves both, and it is idempotent, so that a client may normalise a query before
 sending it and the server may normalise it again.

@@ -3,6 +3,11 @@
 `serve_in_thread` binds (port 0 picks a free port), waits until the server answers
 HTTP and yields its base URL; leaving the ``with`` block shuts the server down.
 
+Both guard the server's connections against slow and greedy clients (`ConnectionLimits`): a
+connection that has not sent a complete request head within ``header_timeout_s`` of opening (or of
+its previous answer) gets 408 and is closed, a client holding more than ``max_connections_per_client``
+connections gets 503 on the next ones, and the whole server answers 503 beyond ``max_connections``.
+
 Example:
     >>> import httpx
     >>> from fastapi import FastAPI
@@ -17,7 +22,10 @@ Example:
 
 from __future__ import annotations
 
+import asyncio
+import collections
 import contextlib
+import dataclasses
 import logging
 import socket
 import threading
@@ -35,9 +43,140 @@ class ServerStartError(RuntimeError):
     """The server did not start (bad host, port in use, app failed at startup) or never answered."""
 
 
-def serve(app: Any, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info") -> None:
+@dataclasses.dataclass
+class ConnectionLimits:
+    """What one client may hold of a server's connections (enforced below the ASGI app, per connection)."""
+
+    header_timeout_s: float = 10.0
+    """Time for a request head (request line and headers) to arrive, from the connection's opening or its
+    previous answer; beyond it the client gets 408 and the connection closes."""
+    keep_alive_s: float = 5.0
+    """An idle keep-alive connection closes after this long (uvicorn's ``timeout_keep_alive``)."""
+    max_connections_per_client: int = 512
+    """Open connections per client address; the next ones get 503 and are closed at once."""
+    max_connections: int = 2048
+    """Open connections and running requests in all; beyond, requests get 503 (uvicorn's ``limit_concurrency``)."""
+    max_header_bytes: int = 64 * 1024
+    """Largest request head (uvicorn's ``h11_max_incomplete_event_size``; httptools has its own 80 KiB limit)."""
+
+    def __post_init__(self) -> None:
+        if self.header_timeout_s <= 0 or self.keep_alive_s <= 0:
+            raise ValueError("ConnectionLimits timeouts must be positive")
+        if self.max_connections_per_client < 1 or self.max_connections < 1:
+            raise ValueError("ConnectionLimits connection counts must be >= 1")
+
+
+def _plain_answer(status: str, message: str) -> bytes:
+    body = message.encode()
+    head = (
+        f"HTTP/1.1 {status}\r\ncontent-type: text/plain; charset=utf-8\r\n"
+        f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"
+    )
+    return head.encode() + body
+
+
+def guarded_protocol(limits: ConnectionLimits) -> type[asyncio.Protocol]:
+    """uvicorn's HTTP protocol (httptools, else h11) with a request-head timeout and a per-client cap.
+
+    Each call makes a class with its own count of open connections per client address: one per server.
+    """
+    from uvicorn.protocols.http.auto import AutoHTTPProtocol
+
+    open_per_client: collections.Counter[str] = collections.Counter()
+    refused = _plain_answer(
+        "503 Service Unavailable", f"too many connections from this client (limit {limits.max_connections_per_client})"
+    )
+    too_slow = _plain_answer("408 Request Timeout", f"no complete request head within {limits.header_timeout_s:g} s")
+
+    class GuardedHTTPProtocol(AutoHTTPProtocol):  # type: ignore[misc, valid-type]
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self._guard_client = self.client[0] if self.client else ""
+            self._head_timer: asyncio.TimerHandle | None = None
+            open_per_client[self._guard_client] += 1
+            if open_per_client[self._guard_client] > limits.max_connections_per_client:
+                transport.write(refused)
+                transport.close()
+                return
+            self._await_head()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            open_per_client[self._guard_client] -= 1
+            if open_per_client[self._guard_client] <= 0:
+                del open_per_client[self._guard_client]
+            if self._head_timer is not None:
+                self._head_timer.cancel()
+            super().connection_lost(exc)
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            if not self.transport.is_closing():
+                self._await_head()
+
+        def _await_head(self) -> None:
+            if self._head_timer is not None:
+                self._head_timer.cancel()
+            self._head_timer = self.loop.call_later(limits.header_timeout_s, self._head_deadline, self.cycle)
+
+        def _head_deadline(self, waiting_cycle: Any) -> None:
+            self._head_timer = None
+            # uvicorn makes a new cycle once a request head is complete; the same finished cycle means none came.
+            idle = self.cycle is None or self.cycle.response_complete
+            if self.cycle is waiting_cycle and idle and not self.transport.is_closing():
+                self.transport.write(too_slow)
+                self.transport.close()
+
+    return GuardedHTTPProtocol
+
+
+def add_connection_arguments(parser: Any) -> None:
+    """The `ConnectionLimits` flags of the ``serve`` commands."""
+    defaults = ConnectionLimits()
+    parser.add_argument(
+        "--header_timeout",
+        type=float,
+        default=defaults.header_timeout_s,
+        help="seconds a connection may take to send a request head (408 and closed beyond)",
+    )
+    parser.add_argument(
+        "--max_connections_per_client",
+        type=int,
+        default=defaults.max_connections_per_client,
+        help="open connections per client address (503 beyond)",
+    )
+
+
+def connection_limits(args: Any) -> ConnectionLimits:
+    """`ConnectionLimits` from the flags of `add_connection_arguments`."""
+    return ConnectionLimits(
+        header_timeout_s=args.header_timeout, max_connections_per_client=args.max_connections_per_client
+    )
+
+
+def _uvicorn_config(app: Any, host: str, port: int, log_level: str, limits: ConnectionLimits | None) -> uvicorn.Config:
+    limits = limits or ConnectionLimits()
+    return uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_level=log_level,
+        lifespan="on",
+        http=guarded_protocol(limits),
+        timeout_keep_alive=limits.keep_alive_s,
+        limit_concurrency=limits.max_connections,
+        h11_max_incomplete_event_size=limits.max_header_bytes,
+    )
+
+
+def serve(
+    app: Any,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    log_level: str = "info",
+    connection_limits: ConnectionLimits | None = None,
+) -> None:
     """Serve ``app`` until interrupted (Ctrl-C); for the command-line entry points."""
-    uvicorn.run(app, host=host, port=port, log_level=log_level)
+    uvicorn.Server(_uvicorn_config(app, host, port, log_level, connection_limits)).run()
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -62,6 +201,7 @@ def serve_in_thread(
     port: int = 0,
     startup_timeout_s: float = 30.0,
     log_level: str = "warning",
+    connection_limits: ConnectionLimits | None = None,
 ) -> Iterator[str]:
     """Run ``app`` under uvicorn in a daemon thread and yield ``"http://host:port"`` once it answers.
 
@@ -71,12 +211,12 @@ def serve_in_thread(
         port: Port to bind; 0 lets the OS pick a free one (the yielded URL has the real port).
         startup_timeout_s: How long to wait for the server to answer before giving up.
         log_level: uvicorn's log level.
+        connection_limits: Slow- and greedy-client guards; defaults to `ConnectionLimits()`.
 
     Raises:
         ServerStartError: when the server exits during startup or does not answer in time.
     """
-    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="on")
-    server = uvicorn.Server(config)
+    server = uvicorn.Server(_uvicorn_config(app, host, port, log_level, connection_limits))
 
     def run_server() -> None:
         try:

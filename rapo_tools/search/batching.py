@@ -7,6 +7,9 @@ batch function in a worker thread so that the event loop keeps accepting request
 and hands each caller its own output. While a batch runs, new requests pile up and
 form the next batch, so batches grow with load without any tuning.
 
+When a batch call raises, its items are run again one at a time: the item that caused the error gets
+it, and the other callers of that batch get their outputs as if they had been alone.
+
 Example:
     >>> import asyncio
     >>> batcher = MicroBatcher(lambda items: [x * x for x in items], max_batch_size=8)
@@ -44,6 +47,10 @@ class BatchStats:
     """Items processed over all batches."""
     largest_batch: int = 0
     """Most items in one call."""
+    isolated_batches: int = 0
+    """Batches that raised and were rerun one item at a time."""
+    failed_items: int = 0
+    """Items whose own call raised (after isolation)."""
 
     @property
     def mean_batch_size(self) -> float:
@@ -131,23 +138,50 @@ class MicroBatcher(Generic[InputT, OutputT]):
             batch = [(item, future) for item, future in await self._collect(queue) if not future.done()]
             if not batch:  # every caller of this batch went away (client disconnected)
                 continue
-            items = [item for item, _ in batch]
             try:
-                outputs = await loop.run_in_executor(self._executor, self.batch_fn, items)
-                if len(outputs) != len(items):
-                    raise RuntimeError(f"the batch function returned {len(outputs)} outputs for {len(items)} items")
+                outputs = await self._call(loop, [item for item, _ in batch])
             except asyncio.CancelledError:
                 _fail(batch, BatcherClosedError("the micro-batcher closed while this request ran"))
                 raise
-            except Exception as error:  # the callers of this batch get the error; the worker lives on
-                _fail(batch, error)
+            except Exception as error:  # the worker lives on; the culprit is found by running items alone
+                if len(batch) == 1:
+                    self.stats.failed_items += 1
+                    _fail(batch, error)
+                    continue
+                self.stats.isolated_batches += 1
+                await self._run_one_by_one(loop, batch)
                 continue
-            self.stats.batches += 1
-            self.stats.items += len(items)
-            self.stats.largest_batch = max(self.stats.largest_batch, len(items))
             for (_, future), output in zip(batch, outputs, strict=True):
                 if not future.done():
                     future.set_result(output)
+
+    async def _call(self, loop: asyncio.AbstractEventLoop, items: list[InputT]) -> Sequence[OutputT]:
+        outputs = await loop.run_in_executor(self._executor, self.batch_fn, items)
+        if len(outputs) != len(items):
+            raise RuntimeError(f"the batch function returned {len(outputs)} outputs for {len(items)} items")
+        self.stats.batches += 1
+        self.stats.items += len(items)
+        self.stats.largest_batch = max(self.stats.largest_batch, len(items))
+        return outputs
+
+    async def _run_one_by_one(
+        self, loop: asyncio.AbstractEventLoop, batch: list[tuple[InputT, asyncio.Future[OutputT]]]
+    ) -> None:
+        for item, future in batch:
+            if future.done():
+                continue
+            try:
+                output = (await self._call(loop, [item]))[0]
+            except asyncio.CancelledError:
+                _fail(batch, BatcherClosedError("the micro-batcher closed while this request ran"))
+                raise
+            except Exception as error:
+                self.stats.failed_items += 1
+                if not future.done():
+                    future.set_exception(error)
+                continue
+            if not future.done():
+                future.set_result(output)
 
     async def aclose(self) -> None:
         """Stop the worker, fail requests still queued, and release the worker thread."""

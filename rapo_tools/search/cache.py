@@ -1,8 +1,8 @@
 """Cached dense indexes of corpus files, built on first use under rapo's cache directory.
 
 The cache directory is `rapo_tools.cache.rapo_cache_dir` (``$RAPO_CACHE_DIR``, else ``~/.cache/rapo``). An index is
-keyed by the corpus file's size, modification time and path, the encoder and the index
-kind, so editing the corpus or switching models builds a fresh one.
+keyed by the corpus file's size, modification time and path, the encoder (model and `EncoderSpec`)
+and the index kind, so editing the corpus or switching models builds a fresh one.
 
 Example:
     >>> import json, tempfile, os
@@ -25,9 +25,10 @@ import os
 from pathlib import Path
 
 from rapo_tools.cache import rapo_cache_dir
-from rapo_tools.search.embedding import DEFAULT_MODEL_NAME, Embedder
+from rapo_tools.search.embedding import DEFAULT_MODEL_NAME, SEARCH_ENCODER, Embedder
 from rapo_tools.search.faiss_index import IndexConfig, IndexFileError, load_sidecar
 from rapo_tools.search.wiki_search import build_corpus_index
+
 
 def cached_corpus_index(
     corpus_path: str | os.PathLike,
@@ -51,9 +52,10 @@ def cached_corpus_index(
     config = config or IndexConfig(kind="flat")
     model_name = embedder.model_name if embedder is not None else DEFAULT_MODEL_NAME
     stat = corpus_path.stat()
-    fingerprint = json.dumps(
-        [str(corpus_path), stat.st_size, stat.st_mtime_ns, model_name, dataclasses.asdict(config)], sort_keys=True
-    )
+    parts = [str(corpus_path), stat.st_size, stat.st_mtime_ns, model_name, dataclasses.asdict(config)]
+    if embedder is not None and embedder.encoder != SEARCH_ENCODER:  # the default keeps the keys made before specs
+        parts.append(dataclasses.asdict(embedder.encoder))
+    fingerprint = json.dumps(parts, sort_keys=True)
     key = hashlib.sha256(fingerprint.encode()).hexdigest()[:16]
     root = Path(cache_dir) if cache_dir is not None else rapo_cache_dir()
     index_path = root / "indexes" / f"{corpus_path.stem}-{key}.faiss"

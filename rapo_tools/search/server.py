@@ -10,8 +10,11 @@ Example:
     >>> from rapo_tools.serving import serve_in_thread
     >>> wiki = WikiSearch.from_passages([Passage("0", "Oslo", "Oslo is the capital of Norway.")])
     >>> with serve_in_thread(create_wiki_search_app(wiki)) as url:
-    ...     answer = httpx.post(f"{url}/wikiSearch", json={"queries": ["Norway"], "topk": 1}).json()
-    >>> answer["result"][0][0]["document"]["title"]
+    ...     answer = httpx.post(f"{url}/wikiSearch", json={"queries": ["Norway"], "topk": 1}, timeout=60).json()
+    ...     rich = httpx.post(f"{url}/wikiSearch", json={"queries": ["Norway"], "document_format": "object"}).json()
+    >>> answer["result"][0][0]["document"]  # the reference's reply: the wiki-18 contents string
+    '"Oslo"\\nOslo is the capital of Norway.'
+    >>> rich["result"][0][0]["document"]["title"]
     'Oslo'
 """
 
@@ -23,10 +26,19 @@ import os
 
 from fastapi import FastAPI
 
-from rapo_tools.search.embedding import Embedder
+from rapo_tools.search.embedding import REFERENCE_SEARCH_ENCODER, SEARCH_ENCODER, Embedder
 from rapo_tools.search.faiss_index import INDEX_KINDS, IndexConfig
 from rapo_tools.search.service import BatchingConfig, ServiceLimits, create_search_app
 from rapo_tools.search.wiki_search import WikiSearch, build_corpus_index
+from rapo_tools.serving import add_connection_arguments, connection_limits, serve
+
+DOCUMENT_FORMATS = {"contents": lambda document: document["contents"], "object": lambda document: document}
+"""``document_format`` choices of ``/wikiSearch``: ``contents`` (default) is the reference's reply, the wiki-18
+``contents`` string (``"Title"\\ntext``) that the reference's ``WikiSearchTool`` splits on newlines;
+``object`` is ``{id, contents, title, text}``."""
+ENCODINGS = {"paper": (SEARCH_ENCODER, "title_text"), "reference": (REFERENCE_SEARCH_ENCODER, "contents")}
+"""``--encoder`` choices: (encoder spec, embedded text) of the paper mode (mean pooling of title and text) and
+of the reference (last-token state of the raw ``contents``, 256 tokens)."""
 
 logger = logging.getLogger(__name__)
 
@@ -37,15 +49,21 @@ def create_wiki_search_app(
     limits: ServiceLimits | None = None,
     batching: BatchingConfig | None = None,
 ) -> FastAPI:
-    """The ``/wikiSearch`` app over a loaded `WikiSearch` (closed when the server stops)."""
+    """The ``/wikiSearch`` app over a loaded `WikiSearch` (closed when the server stops).
+
+    Documents go out as the reference's ``contents`` strings unless a request asks for
+    ``"document_format": "object"`` (see `DOCUMENT_FORMATS`).
+    """
     return create_search_app(
         wiki.search_results,
         route="/wikiSearch",
         limits=limits,
         batching=batching,
-        health_info=lambda: {**wiki.info(), "default_topk": default_topk},
+        health_info=wiki.info,
         title="rapo wikiSearch",
         on_shutdown=wiki.close,
+        default_topk=default_topk,
+        document_formats=DOCUMENT_FORMATS,
     )
 
 
@@ -70,6 +88,13 @@ def add_build_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="sentence-transformers model name or path (default: the embedded all-MiniLM-L6-v2)",
     )
+    parser.add_argument(
+        "--encoder",
+        choices=tuple(ENCODINGS),
+        default="paper",
+        help="paper: mean pooling of title and text; reference: the official code's last-token state of the raw "
+        "contents (256 tokens). Recorded in the sidecar; queries are encoded the same way",
+    )
     parser.add_argument("--batch_size", type=int, default=64, help="texts per encoder forward pass")
     parser.add_argument("--chunk_size", type=int, default=4096, help="passages read and encoded per chunk")
     parser.add_argument("--device", default=None, help="encoder device (default: cuda when available)")
@@ -90,9 +115,15 @@ def run_build(args: argparse.Namespace) -> int:
         ivf_nlist=args.ivf_nlist,
         pq_m=args.pq_m,
     )
+    encoder, embed = ENCODINGS[args.encoder]
     embedder = Embedder(args.model, device=args.device, batch_size=args.batch_size)
-    sidecar = build_corpus_index(args.corpus_path, args.index_path, embedder, config, chunk_size=args.chunk_size)
-    print(f"indexed {sidecar['count']} passages ({sidecar['dimension']}-d, {config.kind}) into {args.index_path}")
+    sidecar = build_corpus_index(
+        args.corpus_path, args.index_path, embedder, config, chunk_size=args.chunk_size, encoder=encoder, embed=embed
+    )
+    print(
+        f"indexed {sidecar['count']} passages ({sidecar['dimension']}-d, {config.kind}, {args.encoder} encoder) "
+        f"into {args.index_path}"
+    )
     return 0
 
 
@@ -103,7 +134,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         "--corpus_path", default=None, help="the indexed corpus (default: the path recorded in the index sidecar)"
     )
     parser.add_argument(
-        "--topk", type=int, default=3, help="default number of passages per query (reported by /health)"
+        "--topk", type=int, default=3, help="passages per query of requests that send no topk, null or 0"
     )
     parser.add_argument("--host", default="127.0.0.1", help="interface to bind (0.0.0.0 to serve other machines)")
     parser.add_argument(
@@ -127,12 +158,11 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--max_queries", type=int, default=256, help="most queries per request (413 beyond)")
     parser.add_argument("--max_query_chars", type=int, default=8192, help="longest query (413 beyond)")
+    add_connection_arguments(parser)
 
 
 def run_serve(args: argparse.Namespace) -> int:
     """Load the index and serve it until interrupted."""
-    from rapo_tools.serving import serve
-
     embedder = Embedder(args.model, device=args.device) if args.model or args.device else None
     wiki = WikiSearch.load(args.index_path, args.corpus_path, embedder, mmap=not args.no_mmap, use_gpu=args.gpu_index)
     app = create_wiki_search_app(
@@ -147,5 +177,5 @@ def run_serve(args: argparse.Namespace) -> int:
         ),
     )
     logger.info("serving %d passages on http://%s:%d/wikiSearch", len(wiki), args.host, args.port)
-    serve(app, args.host, args.port)
+    serve(app, args.host, args.port, connection_limits=connection_limits(args))
     return 0

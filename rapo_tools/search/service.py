@@ -7,14 +7,14 @@ Request and response JSON follow the reference servers, so existing clients work
 
 The ranking itself is a synchronous ``search_batch(queries, topk) -> list[list[dict]]``
 whose dicts carry ``"document"`` and ``"score"`` and any extra fields (``"reward"`` for
-the step-trace buffer), passed through. Concurrent requests are micro-batched into one
-call (one encode, one FAISS search); ``micro_batching=False`` gives the one-call-per-request
-baseline. Bad input gets a clear 4xx and never reaches the search function:
+the step-trace buffer), passed through. A service may offer several renderings of the document
+(``document_formats``; ``/wikiSearch``: the reference's ``contents`` string by default, the whole
+passage object on request). Concurrent requests are micro-batched into one call (one encode, one
+FAISS search); ``micro_batching=False`` gives the one-call-per-request baseline.
 
-- malformed JSON or wrong types: 422; an empty query: 422;
-- too many queries, a query too long, a body too large: 413; ``topk`` out of range: 422.
-
-``GET /health`` reports status, batching counters and whatever ``health_info`` returns.
+Bad input gets a clear 4xx before it joins a batch (see `rapo_tools.search.wire`), and should a batch
+still fail, its queries are retried one by one so that only the culprit's request fails. Answers are
+serialised by orjson. ``GET /health`` reports status, batching counters and whatever ``health_info`` returns.
 
 Example:
     >>> import httpx
@@ -23,7 +23,7 @@ Example:
     ...     return [[{"document": {"contents": q.upper()}, "score": 1.0}][:topk] for q in queries]
     >>> app = create_search_app(search_batch, route="/wikiSearch")
     >>> with serve_in_thread(app) as url:
-    ...     httpx.post(f"{url}/wikiSearch", json={"queries": ["hi"], "topk": 1}).json()
+    ...     httpx.post(f"{url}/wikiSearch", json={"queries": ["hi"], "topk": 1}, timeout=60).json()
     {'result': [[{'document': {'contents': 'HI'}, 'score': 1.0}]]}
 """
 
@@ -38,27 +38,21 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.concurrency import run_in_threadpool
-from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, StrictBool, StrictInt, StrictStr
-from starlette.types import ASGIApp, Receive, Scope, Send
+from fastapi.responses import Response
 
 from rapo_tools.search.batching import MicroBatcher
+from rapo_tools.search.wire import (
+    DocumentFormats,
+    RequestRejected,
+    SearchRequest,
+    ServiceLimits,
+    json_response,
+    parse_request,
+    read_body,
+    render_answer,
+)
 
 SearchBatchFn = Callable[[list[str], int], Sequence[Sequence[dict[str, Any]]]]
-
-
-@dataclasses.dataclass
-class ServiceLimits:
-    """Input limits of a search service; requests beyond them get a 4xx and do no work."""
-
-    max_queries: int = 256
-    """Most queries in one request (413 beyond)."""
-    max_query_chars: int = 8_192
-    """Longest query in characters (413 beyond)."""
-    max_topk: int = 100
-    """Largest ``topk`` (422 beyond)."""
-    max_body_bytes: int = 4 * 1024 * 1024
-    """Largest request body in bytes, checked from Content-Length before reading it (413 beyond)."""
 
 
 @dataclasses.dataclass
@@ -78,79 +72,6 @@ class BatchingConfig:
     server at 64 clients fell from 131 to 18 queries/s with 2 threads), and the event loop needs the other
     core to parse requests while a batch is encoded. On a quiet machine the other way round: one thread per core
     took the micro-batched server from 125 to 199 queries/s at 64 clients, while one-query encodes barely gain."""
-
-
-class SearchRequest(BaseModel):
-    """The reference request body."""
-
-    model_config = ConfigDict(extra="ignore")
-
-    queries: list[StrictStr]
-    topk: StrictInt = 3
-    return_scores: StrictBool = True
-
-
-class RequestRejected(Exception):
-    """A request broke a `ServiceLimits` rule; carries the HTTP status and message."""
-
-    def __init__(self, status_code: int, message: str):
-        super().__init__(message)
-        self.status_code = status_code
-        self.message = message
-
-
-def validate_request(request: SearchRequest, limits: ServiceLimits) -> None:
-    """Apply `ServiceLimits` to a parsed request; raises `RequestRejected`."""
-    if not request.queries:
-        raise RequestRejected(422, "'queries' is empty; send at least one query")
-    if len(request.queries) > limits.max_queries:
-        raise RequestRejected(
-            413, f"{len(request.queries)} queries in one request; the limit is {limits.max_queries}, split the request"
-        )
-    if not 1 <= request.topk <= limits.max_topk:
-        raise RequestRejected(422, f"'topk' must be between 1 and {limits.max_topk}, got {request.topk}")
-    for position, query in enumerate(request.queries):
-        if not query.strip():
-            raise RequestRejected(422, f"query {position} is empty")
-        if len(query) > limits.max_query_chars:
-            raise RequestRejected(
-                413, f"query {position} is {len(query)} characters long; the limit is {limits.max_query_chars}"
-            )
-
-
-class BodySizeLimit:
-    """ASGI middleware answering 413, before the body is read, when Content-Length exceeds ``max_body_bytes``."""
-
-    def __init__(self, app: ASGIApp, max_body_bytes: int):
-        self.app = app
-        self.max_body_bytes = max_body_bytes
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http":
-            length = dict(scope["headers"]).get(b"content-length", b"")
-            if length.isdigit() and int(length) > self.max_body_bytes:
-                response = JSONResponse(
-                    {"detail": f"request body is {int(length)} bytes; the limit is {self.max_body_bytes}"},
-                    status_code=413,
-                )
-                await response(scope, receive, send)
-                return
-        await self.app(scope, receive, send)
-
-
-def _format_results(ranked: Sequence[Sequence[dict[str, Any]]], return_scores: bool) -> list[list[dict[str, Any]]]:
-    formatted = []
-    for hits in ranked:
-        entries = []
-        for hit in hits:
-            entry = dict(hit)
-            if return_scores:
-                entry["score"] = float(entry.get("score", 0.0))
-            else:
-                entry.pop("score", None)
-            entries.append(entry)
-        formatted.append(entries)
-    return formatted
 
 
 class IntraOpThreadLimit:
@@ -211,6 +132,8 @@ def create_search_app(
     health_info: Callable[[], dict[str, Any]] | None = None,
     title: str = "rapo search",
     on_shutdown: Callable[[], None] | None = None,
+    default_topk: int = 3,
+    document_formats: DocumentFormats | None = None,
 ) -> FastAPI:
     """Build the FastAPI app of a batched ranking service.
 
@@ -223,9 +146,14 @@ def create_search_app(
         health_info: Extra fields for ``GET /health`` (model, index size, ...).
         title: OpenAPI title.
         on_shutdown: Called once when the server stops (close files, indexes).
+        default_topk: ``topk`` of requests that send none, null or 0 (the reference servers' ``--topk``).
+        document_formats: Renderings of a hit's ``document`` that a request may pick with
+            ``"document_format"``; the first is the default. None: documents go out as ``search_batch`` made them.
     """
     limits = limits or ServiceLimits()
     batching = batching or BatchingConfig()
+    if not 1 <= default_topk <= limits.max_topk:
+        raise ValueError(f"default_topk must be between 1 and {limits.max_topk}, got {default_topk}")
     run_batch = per_query_topk(search_batch, IntraOpThreadLimit(batching.intra_op_threads))
 
     @contextlib.asynccontextmanager
@@ -246,42 +174,47 @@ def create_search_app(
                 on_shutdown()
 
     app = FastAPI(title=title, lifespan=lifespan)
-    # A plain ASGI middleware: ``@app.middleware("http")`` runs every request through extra tasks and
-    # streams, which cost the event loop more than the whole request under load.
-    app.add_middleware(BodySizeLimit, max_body_bytes=limits.max_body_bytes)
+    # The body is read and parsed by hand (counted bytes, strict JSON): tell OpenAPI what it holds.
+    request_schema = {"requestBody": {"content": {"application/json": {"schema": SearchRequest.model_json_schema()}}}}
 
-    @app.post(route)
-    async def search(body: SearchRequest, request: Request) -> JSONResponse:
+    @app.post(route, openapi_extra=request_schema)
+    async def search(request: Request) -> Response:
         try:
-            validate_request(body, limits)
+            body = parse_request(await read_body(request, limits), limits, default_topk, document_formats)
         except RequestRejected as rejected:
-            return JSONResponse({"detail": rejected.message}, status_code=rejected.status_code)
+            return rejected.response()
         request.app.state.requests += 1
+        if not body.queries:
+            return json_response({"result": []})
+        items = [(query, body.topk) for query in body.queries]
         batcher: MicroBatcher | None = request.app.state.batcher
         try:
             if batcher is not None:
-                ranked = await batcher.submit_many([(query, body.topk) for query in body.queries])
+                ranked = await batcher.submit_many(items)
             else:
-                ranked = await run_in_threadpool(run_batch, [(query, body.topk) for query in body.queries])
+                ranked = await run_in_threadpool(run_batch, items)
         except Exception as error:  # report, don't crash the server; clients retry 5xx
-            return JSONResponse({"detail": f"search failed: {type(error).__name__}: {error}"}, status_code=500)
-        # JSONResponse directly: FastAPI's generic encoder is slow on large nested results.
-        return JSONResponse({"result": _format_results(ranked, body.return_scores)})
+            return json_response({"detail": f"search failed: {type(error).__name__}: {error}"}, 500)
+        return render_answer(ranked, body, document_formats)
 
     @app.get("/health")
-    async def health(request: Request) -> dict[str, Any]:
+    async def health(request: Request) -> Response:
         batcher: MicroBatcher | None = request.app.state.batcher
         stats = batcher.stats if batcher is not None else None
-        return {
-            "status": "ok",
-            "route": route,
-            "requests": request.app.state.requests,
-            "micro_batching": batching.enabled,
-            "batches": stats.batches if stats else None,
-            "mean_batch_size": round(stats.mean_batch_size, 2) if stats else None,
-            "largest_batch": stats.largest_batch if stats else None,
-            "uptime_s": round(time.time() - request.app.state.started, 1),
-            **(health_info() if health_info is not None else {}),
-        }
+        return json_response(
+            {
+                "status": "ok",
+                "route": route,
+                "requests": request.app.state.requests,
+                "micro_batching": batching.enabled,
+                "batches": stats.batches if stats else None,
+                "mean_batch_size": round(stats.mean_batch_size, 2) if stats else None,
+                "largest_batch": stats.largest_batch if stats else None,
+                "isolated_batches": stats.isolated_batches if stats else None,
+                "default_topk": default_topk,
+                "uptime_s": round(time.time() - request.app.state.started, 1),
+                **(health_info() if health_info is not None else {}),
+            }
+        )
 
     return app

@@ -37,6 +37,7 @@ from rapo_tools.http_client import RetryingClient
 from rapo_tools.search.batching import MicroBatcher
 from rapo_tools.search.service import per_query_topk
 from rapo_tools.search.wiki_search import WikiSearch
+from rapo_tools.search.wire import query_problem
 
 
 @dataclasses.dataclass
@@ -118,7 +119,10 @@ class HttpSearchBackend:
         )
 
     async def search(self, queries: list[str], topk: int) -> list[list[dict[str, Any]]]:
-        answer = await self.client.post_json(self.route, {"queries": queries, "topk": topk, "return_scores": True})
+        # rapo's servers send whole passage objects on request (ids for the template); the reference's
+        # ignore the field and send contents strings, which `format_hits` reads as well.
+        payload = {"queries": queries, "topk": topk, "return_scores": True, "document_format": "object"}
+        answer = await self.client.post_json(self.route, payload)
         result = answer.get("result") if isinstance(answer, dict) else None
         if not isinstance(result, list) or len(result) != len(queries) or not all(isinstance(r, list) for r in result):
             raise ServiceUnavailableError(
@@ -182,10 +186,10 @@ class SearchTool(Tool):
         query = " ".join(argument.split())
         if not query:
             raise BadToolInputError("the <search> block is empty; put a query between <search> and </search>")
-        if len(query) > self.config.max_query_chars:
-            raise BadToolInputError(
-                f"the query is {len(query)} characters long; the limit is {self.config.max_query_chars}"
-            )
+        # Checked before the query joins a batch shared with other episodes' queries.
+        problem = query_problem(query, self.config.max_query_chars)
+        if problem is not None:
+            raise BadToolInputError(f"the query {problem[1]}")
         if self.backend is None:
             raise ServiceUnavailableError("the search tool is closed")
         hits = (await self.backend.search([query], self.config.topk))[0]

@@ -36,7 +36,7 @@ from rapo_tools.search.corpus import (
     offsets_path,
     open_passage_store,
 )
-from rapo_tools.search.embedding import Embedder
+from rapo_tools.search.embedding import SEARCH_ENCODER, EncoderSpec, Embedder
 from rapo_tools.search.faiss_index import (
     IndexConfig,
     IndexFileError,
@@ -65,6 +65,16 @@ class SearchHit:
         return {"document": self.passage.to_document(), "score": self.score}
 
 
+EMBEDDED_TEXTS = ("title_text", "contents")
+"""What `build_corpus_index` embeds of a passage: ``title_text`` (title, newline, text: the paper mode) or
+``contents`` (the raw wiki-18 ``contents`` string, title in quotes: the reference)."""
+
+
+def embedded_text(passage: Passage, field: str) -> str:
+    """The text of ``passage`` that an index built with ``field`` (one of `EMBEDDED_TEXTS`) embeds."""
+    return passage.contents if field == "contents" else passage.embedding_text
+
+
 def _count_lines(path: Path) -> int:
     with path.open("rb") as handle:
         return sum(1 for line in handle if line.strip())
@@ -84,17 +94,25 @@ def build_corpus_index(
     chunk_size: int = 4_096,
     corpus_format: str = "auto",
     show_progress: bool = True,
+    encoder: EncoderSpec | None = None,
+    embed: str = "title_text",
 ) -> dict[str, Any]:
     """Encode a corpus file and save a FAISS index of it (plus its sidecar, and line offsets for JSONL).
 
     The corpus is streamed in chunks of ``chunk_size`` passages: memory holds one chunk of
-    texts and the index, never the whole corpus.
+    texts and the index, never the whole corpus. ``encoder`` (default: the embedder's own spec)
+    and ``embed`` (one of `EMBEDDED_TEXTS`) are recorded in the sidecar; `WikiSearch.load` encodes
+    queries with the same spec. The reference mode is ``encoder=REFERENCE_SEARCH_ENCODER, embed="contents"``.
 
     Returns:
         The sidecar written next to the index.
     """
+    if embed not in EMBEDDED_TEXTS:
+        raise ValueError(f"embed must be one of {EMBEDDED_TEXTS}, got {embed!r}")
     corpus_path = Path(corpus_path)
     embedder = embedder or Embedder()
+    if encoder is not None:
+        embedder = embedder.with_encoder(encoder)
     config = config or IndexConfig()
     fmt = detect_format(corpus_path) if corpus_format == "auto" else corpus_format
     offsets: list[int] = []
@@ -110,11 +128,13 @@ def build_corpus_index(
     else:
         stream = list(iter_passages(corpus_path, "json"))
         total = len(stream)
-    vectors = (embedder.encode([p.embedding_text for p in chunk]) for chunk in _chunks(stream, chunk_size))
+    vectors = (embedder.encode([embedded_text(p, embed) for p in chunk]) for chunk in _chunks(stream, chunk_size))
     index = build_index(vectors, config, total=total, show_progress=show_progress)
     sidecar = {
         "model": embedder.model_name,
         "normalize": embedder.normalize,
+        "encoder": dataclasses.asdict(embedder.encoder),
+        "embed": embed,
         "corpus_path": str(corpus_path.resolve()),
         "corpus_format": fmt,
     }
@@ -156,7 +176,9 @@ class WikiSearch:
         """Open an index saved by `build_corpus_index`; the corpus defaults to the one in its sidecar.
 
         The encoder defaults to the model named in the sidecar (a different model of the
-        same dimension is accepted with a warning: scores would be meaningless).
+        same dimension is accepted with a warning: scores would be meaningless). Queries are
+        always encoded by the sidecar's `EncoderSpec` (pooling, length, truncation side), whatever
+        the embedder passed in was set to.
         """
         index, sidecar = load_index(index_path, mmap=mmap)
         corpus = Path(corpus_path or sidecar.get("corpus_path", ""))
@@ -172,6 +194,7 @@ class WikiSearch:
             logger.warning(
                 "index %s was built with %s, queries use %s", index_path, sidecar["model"], embedder.model_name
             )
+        embedder = embedder.with_encoder(EncoderSpec.from_dict(sidecar.get("encoder")))
         return cls(to_gpu(index) if use_gpu else index, store, embedder, sidecar)
 
     @classmethod
@@ -181,18 +204,22 @@ class WikiSearch:
         embedder: Embedder | None = None,
         config: IndexConfig | None = None,
         show_progress: bool = False,
+        encoder: EncoderSpec = SEARCH_ENCODER,
+        embed: str = "title_text",
     ) -> WikiSearch:
-        """Index a list of passages in memory (exact search by default)."""
-        embedder = embedder or Embedder()
+        """Index a list of passages in memory (exact search by default); ``encoder`` and ``embed`` as in
+        `build_corpus_index`."""
+        embedder = (embedder or Embedder()).with_encoder(encoder)
         config = config or IndexConfig(kind="flat")
-        vectors = embedder.encode([p.embedding_text for p in passages], show_progress=show_progress)
+        vectors = embedder.encode([embedded_text(p, embed) for p in passages], show_progress=show_progress)
         index = build_index(vectors, config, show_progress=show_progress)
-        return cls(
-            index,
-            InMemoryPassageStore(passages),
-            embedder,
-            {"model": embedder.model_name, "config": dataclasses.asdict(config)},
-        )
+        sidecar = {
+            "model": embedder.model_name,
+            "encoder": dataclasses.asdict(encoder),
+            "embed": embed,
+            "config": dataclasses.asdict(config),
+        }
+        return cls(index, InMemoryPassageStore(passages), embedder, sidecar)
 
     def __len__(self) -> int:
         return len(self.passages)
@@ -225,6 +252,8 @@ class WikiSearch:
             "passages": len(self.passages),
             "dimension": int(self.index.d),
             "model": self.sidecar.get("model", self.embedder.model_name),
+            "encoder": dataclasses.asdict(self.embedder.encoder),
+            "embed": self.sidecar.get("embed", "title_text"),
             "index": self.sidecar.get("config", {}).get("kind", type(self.index).__name__),
         }
 

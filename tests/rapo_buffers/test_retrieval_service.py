@@ -26,6 +26,7 @@ def test_sidecar_records_model_count_and_normalisation(scripted_buffer, gsm8k_bu
         sidecar = load_sidecar(buffer.index_path)
         assert sidecar["count"] == len(buffer.traces) and sidecar["model"] == "all-MiniLM-L6-v2"
         assert sidecar["config"]["kind"] == kind and sidecar["normalization"]["max_chars"] == 1300
+        assert sidecar["encoder"] == {"pooling": "model", "max_length": None, "truncation_side": "left"}
     assert load_sidecar(scripted_buffer.index_path)["config"]["ef_search"] == 128
 
 
@@ -62,8 +63,8 @@ def test_client_matches_the_in_process_retriever(served):
 
 def test_bad_requests_get_4xx_and_the_client_a_typed_error(served):
     _, url = served
-    assert httpx.post(f"{url}/retrieve", json={"queries": [], "topk": 3}).status_code == 422
-    assert httpx.post(f"{url}/retrieve", json={"queries": ["q"], "topk": 0}).status_code == 422
+    assert httpx.post(f"{url}/retrieve", json={"queries": ["q"], "topk": -1}).status_code == 422
+    assert httpx.post(f"{url}/retrieve", json={"queries": ["q"], "document_format": "object"}).status_code == 422
     assert (
         httpx.post(f"{url}/retrieve", content=b"{not json", headers={"content-type": "application/json"}).status_code
         == 422
@@ -96,7 +97,10 @@ def test_mismatched_index_is_refused(scripted_buffer, gsm8k_buffer, embedder):
         InProcessRetriever.from_files(gsm8k_buffer.corpus_path, scripted_buffer.index_path, embedder)
 
 
-def test_default_topk_of_the_server(scripted_buffer):
+def test_default_topk_of_the_server_and_the_reference_edge_cases(scripted_buffer):
     app = create_retrieval_app(scripted_buffer.retriever, default_topk=5)
     with serve_in_thread(app) as url:
-        assert len(httpx.post(f"{url}/retrieve", json={"queries": ["bolts"]}).json()["result"][0]) == 5
+        for body in ({"queries": ["bolts"]}, {"queries": ["bolts"], "topk": 0}, {"queries": ["bolts"], "topk": None}):
+            assert len(httpx.post(f"{url}/retrieve", json=body).json()["result"][0]) == 5  # reference: topk or default
+        empty = httpx.post(f"{url}/retrieve", json={"queries": [], "topk": 3})
+        assert empty.status_code == 200 and empty.json() == {"result": []}  # as the reference answers

@@ -55,10 +55,37 @@ def test_a_failing_batch_fails_only_its_callers_and_the_worker_lives_on():
     assert after == "STILL OK"
 
 
+def test_one_bad_item_in_a_shared_batch_fails_alone():
+    calls: list[list[str]] = []
+
+    def fragile(items):
+        calls.append(list(items))
+        if any("\ud800" in item for item in items):
+            raise TypeError("the tokenizer cannot encode a lone surrogate")
+        time.sleep(0.01)
+        return [item.upper() for item in items]
+
+    async def main():
+        batcher = MicroBatcher(fragile, max_batch_size=64, max_wait_s=0.05)
+        good = [f"query {i}" for i in range(20)]
+        outcomes = await asyncio.gather(
+            *(batcher.submit(item) for item in [*good[:10], "bad \ud800", *good[10:]]), return_exceptions=True
+        )
+        after = await batcher.submit("after")
+        await batcher.aclose()
+        return outcomes, after, batcher.stats
+
+    outcomes, after, stats = asyncio.run(main())
+    assert isinstance(outcomes[10], TypeError) and "surrogate" in str(outcomes[10])
+    assert [outcome for i, outcome in enumerate(outcomes) if i != 10] == [f"QUERY {i}" for i in range(20)]
+    assert after == "AFTER"
+    assert len(calls[0]) > 1 and stats.isolated_batches >= 1 and stats.failed_items == 1
+
+
 def test_wrong_output_length_is_reported():
     async def main():
         batcher = MicroBatcher(lambda items: items[:-1])
-        with pytest.raises(RuntimeError, match="returned 1 outputs for 2 items"):
+        with pytest.raises(RuntimeError, match="returned 0 outputs for 1 items"):  # each item, once isolated
             await batcher.submit_many(["a", "b"])
         await batcher.aclose()
 

@@ -37,15 +37,21 @@ def test_reference_request_and_response_json(wiki_server):
     assert list(answer) == ["result"] and len(answer["result"]) == 2
     first = answer["result"][1][0]
     assert set(first) == {"document", "score"} and isinstance(first["score"], float)
-    assert first["document"]["title"] == "Demon Dice"
-    assert first["document"]["contents"].startswith('"Demon Dice"\n')  # Search-R1 clients read `contents`
+    assert first["document"].startswith('"Demon Dice"\n')  # the reference's reply: the `contents` string
     assert all(len(hits) == 3 for hits in answer["result"])
+    rich = httpx.post(f"{wiki_server}/wikiSearch", json={**request, "document_format": "object"}, timeout=30).json()[
+        "result"
+    ][1][0]["document"]
+    assert rich["title"] == "Demon Dice" and rich["contents"] == first["document"] and set(rich) >= {"id", "text"}
     plain = httpx.post(
         f"{wiki_server}/wikiSearch", json={"queries": ["Demon Dice"], "topk": 1, "return_scores": False}, timeout=30
     ).json()
     assert set(plain["result"][0][0]) == {"document"}
-    default = httpx.post(f"{wiki_server}/wikiSearch", json={"queries": ["Demon Dice"]}, timeout=30).json()
-    assert len(default["result"][0]) == 3  # topk defaults to 3
+    for default_topk in ({}, {"topk": 0}, {"topk": None}):  # the reference: `request.topk or default`
+        default = httpx.post(f"{wiki_server}/wikiSearch", json={"queries": ["Demon Dice"], **default_topk}, timeout=30)
+        assert len(default.json()["result"][0]) == 3
+    empty = httpx.post(f"{wiki_server}/wikiSearch", json={"queries": []}, timeout=30)
+    assert empty.status_code == 200 and empty.json() == {"result": []}  # as the reference answers
 
 
 def test_health(wiki_server):
@@ -58,13 +64,15 @@ def test_health(wiki_server):
     [
         ({"queries": [""]}, 422, "query 0 is empty"),
         ({"queries": ["ok", "   "]}, 422, "query 1 is empty"),
-        ({"queries": []}, 422, "empty"),
         ({"queries": ["x" * 100_000]}, 413, "100000 characters"),
         ({"queries": ["q"] * 10_000}, 413, "10000 queries"),
         ({"queries": "not a list"}, 422, "list"),
         ({"queries": [1, 2]}, 422, "string"),
         ({"queries": ["ok"], "topk": "3"}, 422, "integer"),
-        ({"queries": ["ok"], "topk": 0}, 422, "topk"),
+        ({"queries": ["ok"], "topk": -1}, 422, "topk"),
+        ({"queries": ["ok"], "topk": True}, 422, "integer"),
+        ({"queries": ["ok"], "topk": 2.5}, 422, "integer"),
+        ({"queries": ["ok"], "document_format": "xml"}, 422, "contents, object"),
         ({"queries": ["ok"], "topk": 10_000}, 422, "topk"),
         ({"query": "wrong field"}, 422, "queries"),
     ],
@@ -96,6 +104,6 @@ def test_concurrent_clients_each_get_their_own_ranking(wiki_server):
             answers = await asyncio.gather(
                 *(client.post("/wikiSearch", json={"queries": [title], "topk": 1}) for title in titles)
             )
-        return [answer.json()["result"][0][0]["document"]["title"] for answer in answers]
+        return [answer.json()["result"][0][0]["document"].split("\n")[0].strip('"') for answer in answers]
 
     assert asyncio.run(main()) == titles
