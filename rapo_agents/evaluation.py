@@ -21,8 +21,6 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-import json
-import logging
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -32,8 +30,7 @@ from rapo_agents.rollout.engine import RolloutConfig, RolloutEngine, make_env_fa
 from rapo_env.rewards.equivalence import answers_equivalent
 from rapo_env.rewards.text import best_over_aliases, exact_match, final_answer, token_f1
 from rapo_env.trajectory import Trajectory
-
-logger = logging.getLogger(__name__)
+from rapo_tools.jsonl import read_jsonl, write_jsonl
 
 DEFAULT_TOOL_CALLS = {"python": 5, "search": 10}
 """The reference evaluation's tool-call limits per tool."""
@@ -130,25 +127,16 @@ def summarize(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 
 def read_rows(path: str | Path) -> list[dict[str, Any]]:
-    """Rows of an eval JSONL; unreadable lines are skipped with a warning."""
-    rows, skipped = [], 0
-    path = Path(path)
-    if not path.is_file():
-        return rows
-    for line in path.read_text(encoding="utf-8").splitlines():
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-            if isinstance(row, dict) and "task_index" in row and "rollout_index" in row:
-                rows.append(row)
-                continue
-        except json.JSONDecodeError:
-            pass
-        skipped += 1
-    if skipped:
-        logger.warning("%s: skipped %d unreadable lines", path, skipped)
-    return rows
+    """Rows of an eval JSONL ([] when there is none); unreadable lines are skipped with a warning."""
+    if not Path(path).is_file():
+        return []
+    return read_jsonl(path, _eval_row, what="eval rows")
+
+
+def _eval_row(value: Any) -> dict[str, Any]:
+    if isinstance(value, dict) and "task_index" in value and "rollout_index" in value:
+        return value
+    raise ValueError("not an eval row (no task_index and rollout_index)")
 
 
 def _env_kwargs_with_limits(config: EvalConfig, tools: Sequence[str]) -> dict[str, Any]:
@@ -193,9 +181,7 @@ def evaluate(policy: Policy, config: EvalConfig) -> EvalReport:
             row = row_of(trajectory, tasks[trajectory.extra["task_index"]].answers, metric)
             rows.append(row)
             if output is not None:
-                output.parent.mkdir(parents=True, exist_ok=True)
-                with output.open("a", encoding="utf-8") as handle:
-                    handle.write(json.dumps(row, ensure_ascii=False) + "\n")
+                write_jsonl(output, [row], append=True)
             bar.update(1)
 
         for start in range(0, len(todo), config.chunk_size):

@@ -21,12 +21,12 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import os
 from collections.abc import Iterable
-from pathlib import Path
 from typing import Any
+
+from rapo_tools.jsonl import JsonlReader, write_jsonl
 
 ANSWER_TAG = "<answer>"
 
@@ -123,30 +123,11 @@ def read_buffer(path: str | os.PathLike[str]) -> tuple[list[StepTrace], BufferRe
     Raises:
         FileNotFoundError: when ``path`` does not exist.
     """
-    stats = BufferReadStats()
-    traces: list[StepTrace] = []
-    with Path(path).open(encoding="utf-8", errors="replace") as handle:
-        for line in handle:
-            if not line.strip():
-                continue
-            stats.lines += 1
-            try:
-                traces.append(StepTrace.from_dict(json.loads(line)))
-            except ValueError:  # json.JSONDecodeError is a ValueError too
-                stats.skipped += 1
-    stats.records = len(traces)
-    return traces, stats
+    reader = JsonlReader(path, StepTrace.from_dict, what="step records")
+    traces = list(reader)
+    return traces, BufferReadStats(lines=reader.lines, records=len(traces), skipped=len(reader.skipped))
 
 
 def write_buffer(path: str | os.PathLike[str], traces: Iterable[StepTrace]) -> int:
     """Write ``traces`` as JSONL (atomically: a temporary file renamed into place). Returns the count."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    count = 0
-    with temporary.open("w", encoding="utf-8") as handle:
-        for trace in traces:
-            handle.write(json.dumps(trace.to_dict(), ensure_ascii=False) + "\n")
-            count += 1
-    temporary.replace(path)
-    return count
+    return write_jsonl(path, (trace.to_dict() for trace in traces))

@@ -15,13 +15,11 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-import json
-import logging
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-logger = logging.getLogger(__name__)
+from rapo_tools import jsonl
 
 
 @dataclasses.dataclass
@@ -97,25 +95,10 @@ class Trajectory:
 
 
 def write_jsonl(path: str | Path, trajectories: Iterable[Trajectory], append: bool = False) -> None:
-    """Write trajectories, one JSON object per line."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a" if append else "w", encoding="utf-8") as handle:
-        for trajectory in trajectories:
-            handle.write(json.dumps(trajectory.to_dict(), ensure_ascii=False) + "\n")
+    """Write trajectories, one JSON object per line (`rapo_tools.jsonl`: atomic unless appending)."""
+    jsonl.write_jsonl(path, (trajectory.to_dict() for trajectory in trajectories), append=append)
 
 
 def read_jsonl(path: str | Path) -> list[Trajectory]:
-    """Read trajectories; lines that are not trajectory records are skipped with a warning."""
-    trajectories, skipped = [], 0
-    with Path(path).open(encoding="utf-8") as handle:
-        for line in handle:
-            if not line.strip():
-                continue
-            try:
-                trajectories.append(Trajectory.from_dict(json.loads(line)))
-            except (json.JSONDecodeError, TypeError, KeyError, AttributeError):
-                skipped += 1
-    if skipped:
-        logger.warning("%s: skipped %d lines that are not trajectory records", path, skipped)
-    return trajectories
+    """Read trajectories; lines that are not trajectory records are skipped and counted (`rapo_tools.jsonl`)."""
+    return jsonl.read_jsonl(path, Trajectory.from_dict, what="trajectory records")

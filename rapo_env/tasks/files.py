@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from rapo_env.tasks.base import Task, TaskList
+from rapo_tools.jsonl import JsonlReader
 
 logger = logging.getLogger(__name__)
 
@@ -97,14 +98,7 @@ def _records(path: Path) -> Iterator[Mapping[str, Any]]:
 
         yield from pq.read_table(path).to_pylist()
     elif suffix in (".jsonl", ".ndjson"):
-        with path.open(encoding="utf-8") as handle:
-            for number, line in enumerate(handle, 1):
-                if not line.strip():
-                    continue
-                try:
-                    yield json.loads(line)
-                except json.JSONDecodeError as error:
-                    logger.warning("%s line %d is not JSON (%s); skipped", path, number, error.msg)
+        yield from JsonlReader(path, what="JSON records")
     elif suffix == ".json":
         data = json.loads(path.read_text(encoding="utf-8"))
         if isinstance(data, Mapping):

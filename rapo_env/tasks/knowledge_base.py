@@ -36,6 +36,7 @@ from typing import Any
 
 from rapo_env.tasks.base import Task, TaskList
 from rapo_tools.cache import rapo_cache_dir
+from rapo_tools.jsonl import read_jsonl, write_jsonl
 from rapo_tools.search.cache import cached_corpus_index
 from rapo_tools.search.corpus import Passage
 
@@ -468,9 +469,9 @@ class KnowledgeBase:
         """Write ``passages.jsonl`` ({id, title, text}), ``entities.jsonl``, ``questions.jsonl`` and ``meta.json``."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        _write_jsonl(directory / "passages.jsonl", (dataclasses.asdict(p) for p in self.passages))
-        _write_jsonl(directory / "entities.jsonl", (dataclasses.asdict(e) for e in self.entities))
-        _write_jsonl(
+        write_jsonl(directory / "passages.jsonl", (dataclasses.asdict(p) for p in self.passages))
+        write_jsonl(directory / "entities.jsonl", (dataclasses.asdict(e) for e in self.entities))
+        write_jsonl(
             directory / "questions.jsonl",
             (
                 {"id": t.id, "question": t.question, "answers": list(t.answers), "metadata": t.metadata}
@@ -487,7 +488,7 @@ class KnowledgeBase:
         directory = Path(directory)
         try:
             meta = json.loads((directory / "meta.json").read_text(encoding="utf-8"))
-            entities = [Entity(**record) for record in _read_jsonl(directory / "entities.jsonl")]
+            entities = [Entity(**record) for record in read_jsonl(directory / "entities.jsonl")]
             questions = [
                 Task(
                     id=r["id"],
@@ -496,7 +497,7 @@ class KnowledgeBase:
                     source="knowledge_base",
                     metadata=r["metadata"],
                 )
-                for r in _read_jsonl(directory / "questions.jsonl")
+                for r in read_jsonl(directory / "questions.jsonl")
             ]
         except (OSError, ValueError, KeyError, TypeError) as error:
             raise KnowledgeBaseError(f"cannot read the knowledge base in {directory}: {error}") from error
@@ -542,14 +543,3 @@ class KnowledgeBase:
                 shutil.rmtree(staging, ignore_errors=True)
         index_path = cached_corpus_index(directory / "passages.jsonl", embedder=embedder, cache_dir=root)
         return base, index_path
-
-
-def _write_jsonl(path: Path, records: Iterator[dict[str, Any]]) -> None:
-    with path.open("w", encoding="utf-8") as handle:
-        for record in records:
-            handle.write(json.dumps(record, ensure_ascii=False) + "\n")
-
-
-def _read_jsonl(path: Path) -> list[dict[str, Any]]:
-    with path.open(encoding="utf-8") as handle:
-        return [json.loads(line) for line in handle if line.strip()]
