@@ -12,12 +12,13 @@ Example:
 from __future__ import annotations
 
 import importlib.util
-import json
 import math
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+from rapo_tools.jsonl import JsonlReader, dumps_line
 
 #: The curves of ``curves.png``, in panel order (missing ones are left out).
 MAIN_CURVES = (
@@ -59,7 +60,7 @@ class MetricsLogger:
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         self.path = self.directory / "metrics.jsonl"
-        self._file = self.path.open("a", encoding="utf-8")
+        self._file = self.path.open("ab")
         self._tensorboard = None
         self._wandb = None
         self._swanlab = None
@@ -91,7 +92,7 @@ class MetricsLogger:
     def log(self, step: int, metrics: Mapping[str, float]) -> None:
         """Record the metrics of one step (non-finite values are written as null)."""
         clean = {key: _finite(value) for key, value in metrics.items()}
-        self._file.write(json.dumps({"step": step, **clean}) + "\n")
+        self._file.write(dumps_line({"step": step, **clean}))
         self._file.flush()
         numeric = {key: value for key, value in clean.items() if isinstance(value, (int, float))}
         if self._tensorboard is not None:
@@ -130,14 +131,9 @@ def read_metrics(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     """The records of a ``metrics.jsonl``, by step; a resumed run's repeated step keeps its last record, bad lines
     are skipped."""
     by_step: dict[int, dict[str, Any]] = {}
-    with Path(path).open(encoding="utf-8", errors="replace") as handle:
-        for line in handle:
-            try:
-                record = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(record, dict) and isinstance(record.get("step"), int):
-                by_step[record["step"]] = record
+    for record in JsonlReader(path, what="metric records"):
+        if isinstance(record, dict) and isinstance(record.get("step"), int):
+            by_step[record["step"]] = record
     return [by_step[step] for step in sorted(by_step)]
 
 
