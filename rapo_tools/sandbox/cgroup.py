@@ -99,6 +99,11 @@ class MemoryCgroup:
         """Writing a pid here moves that process (its children follow as they are forked)."""
         return os.path.join(self.path, "cgroup.procs")
 
+    def pids(self) -> list[int]:
+        """The processes in the cgroup now."""
+        with open(self.procs_file) as handle:
+            return [int(line) for line in handle.read().split()]
+
     def _read(self, name: str) -> int:
         with open(os.path.join(self.path, name)) as handle:
             return int(handle.read().split()[0])

@@ -231,7 +231,8 @@ class LocalSandboxExecutor(PooledExecutor):
         env = sandbox_environment() if self.isolated else {**sandbox_environment(), "TMPDIR": scratch, "HOME": scratch}
         group = MemoryCgroup.create() if self.isolated and self.config.memory_cgroup else None
         # The shell joins the cgroup, then becomes bwrap: every process of the sandbox is born inside it.
-        enter = ["/bin/sh", "-c", 'echo $$ > "$0" && exec "$@"', group.procs_file] if group else []
+        # Should the move be refused, the worker runs without (`_cap_memory` reports it).
+        enter = ["/bin/sh", "-c", '{ echo $$ > "$0"; } 2>/dev/null; exec "$@"', group.procs_file] if group else []
         prefix = [*self.prefix, "--"] if self.prefix else []
         process = await asyncio.create_subprocess_exec(
             *enter, *prefix, self.python, "-I", "-c", worker_source(), json.dumps(settings),
@@ -273,9 +274,21 @@ class LocalSandboxExecutor(PooledExecutor):
             ) from error
         if ready.get("failed"):
             logger.warning("sandbox worker could not preload %s", ready["failed"])
+        for problem in ready.get("problems", ()):
+            _warn_once(f"sandbox worker: {problem}")
         if group:
-            group.limit(self._memory_cap(group.usage_bytes()))
+            self._cap_memory(group, process.pid)
         return worker
+
+    def _cap_memory(self, group: MemoryCgroup, pid: int) -> None:
+        """Set the worker cgroup's cap now that the warm worker's own memory is known; say so where it fails."""
+        try:
+            if pid not in group.pids():
+                raise OSError("the worker could not join it")
+            group.limit(self._memory_cap(group.usage_bytes()))
+        except OSError as error:
+            _warn_once(f"no memory cgroup for sandbox workers ({error}): memory outside the address-space "
+                       "limit is bounded only by the scratch sizes and the seccomp filter")
 
     def _memory_cap(self, warm_bytes: int) -> int:
         """The worker cgroup's cap, given what the warm worker holds: a call's own budget (``memory_mb``) and
@@ -293,6 +306,11 @@ def _processes_of(uid: int) -> int:
         except OSError:
             pass  # it exited while we looked
     return count
+
+
+@functools.lru_cache(maxsize=None)
+def _warn_once(message: str) -> None:
+    logger.warning(message)
 
 
 async def _remove_cgroup(group: MemoryCgroup) -> None:

@@ -496,13 +496,16 @@ def _libc():
 
 def _limit_scratch(dirs, size_bytes, inodes):
     """Remount each scratch tmpfs with an inode cap as well as its size (bubblewrap sets only the size):
-    without it, empty files and directories hold kernel memory that no size limit counts."""
+    without it, empty files and directories hold kernel memory that no size limit counts. Returns what
+    could not be capped (where the host forbids even root to remount), for the host to report."""
     ctypes, libc = _libc()
     options = f"size={int(size_bytes)},nr_inodes={int(inodes)}".encode()
+    problems = []
     for path in dirs:
         # MS_REMOUNT | MS_NOSUID | MS_NODEV, as bubblewrap mounted it
         if libc.mount(b"tmpfs", path.encode(), b"tmpfs", 32 | 2 | 4, options) != 0:
-            raise OSError(ctypes.get_errno(), f"could not cap the inodes of {path}")
+            problems.append(f"no inode cap on {path}: {os.strerror(ctypes.get_errno())}")
+    return problems
 
 
 def _install_filter(program):
@@ -558,8 +561,9 @@ def main():
     null = os.open(os.devnull, os.O_RDWR)
     os.dup2(null, 0)
     os.dup2(null, 1)  # a module that prints on import cannot corrupt the protocol
+    problems = []
     if settings.get("scratch_inodes"):
-        _limit_scratch(settings["scratch_dirs"], settings["scratch_bytes"], settings["scratch_inodes"])
+        problems = _limit_scratch(settings["scratch_dirs"], settings["scratch_bytes"], settings["scratch_inodes"])
     if settings.get("seccomp"):
         _install_filter(bytes.fromhex(settings["seccomp"]))
     if settings.get("drop_to"):
@@ -571,7 +575,7 @@ def main():
     sys.stderr.flush()
     if not _clean_up(settings):
         sys.exit("the scratch directories could not be emptied")
-    _send(proto_out, {"ready": True, "preloaded": loaded, "failed": failed})
+    _send(proto_out, {"ready": True, "preloaded": loaded, "failed": failed, "problems": problems})
     _serve(proto_in, proto_out, settings)
 
 
