@@ -1,16 +1,24 @@
-"""Atomic checkpoints that resume a run exactly, and a clean stop on Ctrl-C / SIGTERM.
+"""Checkpoints you can use: the policy in Hugging Face format beside the trainer state, written atomically.
 
-A checkpoint is a folder ``step_000012/`` holding ``state.pt`` (model, optimizer, RNG states,
-the trainer's counters and data position) and ``trainer_state.json`` (the same counters, for
-people). It is written under a temporary name and renamed into place, so a crash never leaves
-a half-written checkpoint that resuming would pick up; only the newest ``keep_last`` are kept.
+A checkpoint is a folder ``step_000012/`` holding
+
+- the policy as ``save_pretrained`` writes it: ``config.json``, ``model.safetensors``, the tokenizer files and
+  its chat template, so ``AutoModelForCausalLM.from_pretrained(folder)`` (and therefore vLLM and ``rapo eval
+  --model folder``) loads it as it is;
+- ``trainer_state.pt``: optimizer moments, RNG states, data position and counters, only tensors and plain
+  Python data, read back with ``torch.load(weights_only=True)`` so that a shared checkpoint cannot run code;
+- ``trainer_state.json``: the counters, for people.
+
+It is written under a temporary name, flushed to disk (``fsync``) and renamed into place, so a crash never
+leaves a half-written checkpoint that resuming would pick up, and there is always a complete checkpoint on
+disk; only the newest ``keep_last`` are kept. Resuming takes the newest checkpoint that loads, and says which
+newer ones it skipped and why.
 
 Example:
     >>> import tempfile, torch
     >>> manager = CheckpointManager(tempfile.mkdtemp(), keep_last=1)
-    >>> model = torch.nn.Linear(2, 1)
-    >>> _ = manager.save(3, {"model": model.state_dict(), "trainer": {"step": 3}})
-    >>> manager.load_latest()["trainer"]["step"]
+    >>> _ = manager.save(3, {"trainer": {"step": 3}, "weights": {"w": torch.ones(2)}})
+    >>> manager.load_latest()[1]["trainer"]["step"]
     3
 """
 
@@ -24,6 +32,7 @@ import re
 import shutil
 import signal
 import threading
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -31,16 +40,24 @@ import numpy as np
 import torch
 
 STEP_DIR = re.compile(r"^step_(\d{6,})$")
-STATE_FILE = "state.pt"
+STATE_FILE = "trainer_state.pt"
+WEIGHTS_FILE = "model.safetensors"
 
 
 class CheckpointError(RuntimeError):
-    """A checkpoint that cannot be read."""
+    """A checkpoint that cannot be read, or that holds more than tensors and plain data."""
 
 
 def rng_state() -> dict[str, Any]:
-    """The states of every random generator a run draws from (Python, NumPy, torch, CUDA)."""
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    """The states of every random generator a run draws from (Python, NumPy, torch, CUDA), as tensors and plain
+    data only (what ``torch.load(weights_only=True)`` reads)."""
+    kind, keys, position, has_gauss, cached_gaussian = np.random.get_state()
+    state = {
+        "python": random.getstate(),
+        "numpy": [kind, torch.from_numpy(keys.astype(np.int64)), int(position), int(has_gauss),
+                  float(cached_gaussian)],
+        "torch": torch.get_rng_state(),
+    }
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
@@ -49,10 +66,24 @@ def rng_state() -> dict[str, Any]:
 def set_rng_state(state: dict[str, Any]) -> None:
     """Restore what `rng_state` returned."""
     random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    kind, keys, position, has_gauss, cached_gaussian = state["numpy"]
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), position, has_gauss, cached_gaussian))
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _fsync_tree(folder: Path) -> None:
+    """Flush every file of ``folder`` and the folder itself to disk, so a rename publishes complete files."""
+    for path in folder.rglob("*"):
+        if path.is_file():
+            with path.open("rb") as handle:
+                os.fsync(handle.fileno())
+    descriptor = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
 
 
 class CheckpointManager:
@@ -60,7 +91,8 @@ class CheckpointManager:
 
     Args:
         directory: where ``step_*`` folders live (created on first save).
-        keep_last: how many checkpoints to keep; older ones are deleted after each save.
+        keep_last: how many checkpoints to keep (weights and trainer state together); older ones are deleted
+            after each save.
     """
 
     def __init__(self, directory: str | os.PathLike[str], keep_last: int = 2):
@@ -85,40 +117,93 @@ class CheckpointManager:
         found = self.checkpoints()
         return found[-1] if found else None
 
-    def save(self, step: int, state: dict[str, Any]) -> Path:
-        """Write ``state`` as checkpoint ``step`` atomically, then prune old ones. Returns its folder."""
+    def save(self, step: int, state: dict[str, Any], model: Any = None, tokenizer: Any = None) -> Path:
+        """Write checkpoint ``step`` atomically (the policy via ``save_pretrained``, ``state`` beside it), then
+        prune old ones. Returns its folder."""
         self.directory.mkdir(parents=True, exist_ok=True)
         final = self.directory / f"step_{step:06d}"
         temporary = self.directory / f".tmp_step_{step:06d}_{os.getpid()}"
         shutil.rmtree(temporary, ignore_errors=True)
         temporary.mkdir()
+        if hasattr(model, "save_pretrained"):
+            model.save_pretrained(temporary, safe_serialization=True)
+        elif model is not None:  # a plain torch module: its weights alone
+            from safetensors.torch import save_model
+
+            save_model(model, str(temporary / WEIGHTS_FILE))
+        if hasattr(tokenizer, "save_pretrained"):
+            tokenizer.save_pretrained(temporary)
         torch.save(state, temporary / STATE_FILE)
         readable = state.get("trainer", {})
         (temporary / "trainer_state.json").write_text(json.dumps(readable, indent=2, default=str), encoding="utf-8")
+        _fsync_tree(temporary)
+        # Replacing a checkpoint of the same step: the old one is moved aside, not deleted, until the new one is
+        # in place, so some complete checkpoint is on disk at every moment.
+        retired = self.directory / f".old_step_{step:06d}_{os.getpid()}"
         if final.exists():
-            shutil.rmtree(final)
+            os.replace(final, retired)
         os.replace(temporary, final)
+        shutil.rmtree(retired, ignore_errors=True)
         for old in self.checkpoints()[: -self.keep_last]:
             shutil.rmtree(old, ignore_errors=True)
         return final
 
     def load(self, path: str | os.PathLike[str]) -> dict[str, Any]:
-        """Read one checkpoint folder's state.
+        """Read one checkpoint folder's trainer state (tensors and plain data only).
 
         Raises:
-            CheckpointError: when the file is missing or unreadable.
+            CheckpointError: when the file is missing, unreadable, or holds anything but tensors and plain data.
         """
         file = Path(path) / STATE_FILE
         try:
-            # The state holds NumPy RNG tuples and Python objects that the weights-only loader refuses.
-            return torch.load(file, map_location="cpu", weights_only=False)
-        except (OSError, RuntimeError, EOFError, ValueError, pickle.UnpicklingError) as error:
+            return torch.load(file, map_location="cpu", weights_only=True)
+        except pickle.UnpicklingError as error:
+            # torch's weights-only unpickler names what it refused ("Unsupported global: GLOBAL builtins.open")
+            # after a long explanation; corrupt bytes fail in the same unpickler with another reason.
+            refused = re.search(r"Unsupported global: ([^\n]+)", str(error))
+            if refused:
+                raise CheckpointError(
+                    f"refused to load {file}: it holds a Python object ({refused.group(1).strip()}) beyond tensors "
+                    "and plain data, which a checkpoint written by rapo never does: a tampered or foreign file"
+                ) from error
+            raise CheckpointError(f"cannot read checkpoint {file}: the file is corrupt or truncated") from error
+        except (OSError, RuntimeError, EOFError, ValueError) as error:
             raise CheckpointError(f"cannot read checkpoint {file}: {error}") from error
 
-    def load_latest(self) -> dict[str, Any] | None:
-        """The newest checkpoint's state, or None when the run folder has none."""
-        latest = self.latest()
-        return None if latest is None else self.load(latest)
+    def load_latest(self) -> tuple[Path, dict[str, Any]] | None:
+        """The newest checkpoint that loads, as ``(folder, state)``, or None when there is none.
+
+        A newer checkpoint that cannot be read (truncated, corrupt, tampered) is skipped with a warning that
+        names it and says why.
+        """
+        for path in reversed(self.checkpoints()):
+            try:
+                return path, self.load(path)
+            except CheckpointError as error:
+                warnings.warn(f"skipping checkpoint {path.name}: {error}", stacklevel=2)
+        return None
+
+
+def load_weights(model: torch.nn.Module, folder: str | os.PathLike[str]) -> None:
+    """Load the safetensors weights of a checkpoint folder into ``model`` (tied weights included).
+
+    Raises:
+        CheckpointError: when the weights file is missing, unreadable or does not fit the model.
+    """
+    from safetensors.torch import load_file
+
+    file = Path(folder) / WEIGHTS_FILE
+    try:
+        weights = load_file(file, device=str(next(model.parameters()).device))
+    except (OSError, RuntimeError, ValueError) as error:
+        raise CheckpointError(f"cannot read the weights {file}: {error}") from error
+    missing, unexpected = model.load_state_dict(weights, strict=False)
+    tied = set(getattr(model, "_tied_weights_keys", None) or ())
+    missing = [key for key in missing if key not in tied]
+    if missing or unexpected:
+        raise CheckpointError(f"{file} does not fit the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
+    if tied and hasattr(model, "tie_weights"):
+        model.tie_weights()
 
 
 class GracefulInterrupt:

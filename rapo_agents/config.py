@@ -37,6 +37,7 @@ from typing import Any
 
 import yaml
 
+from rapo_agents.heldout import HeldoutConfig
 from rapo_agents.rapo import RAPOConfig
 from rapo_agents.rollout.branching import ARPOConfig
 from rapo_agents.rollout.config import RolloutConfig
@@ -226,6 +227,8 @@ class TrainConfig:
     """Optimiser and update schedule."""
     warmup: WarmupConfig = dataclasses.field(default_factory=WarmupConfig)
     """Behaviour cloning of the scripted expert before the RL loop."""
+    evaluation: HeldoutConfig = dataclasses.field(default_factory=HeldoutConfig)
+    """Held-out evaluation during training (every key documented in ``rapo_agents.heldout.HeldoutConfig``)."""
     logging: LoggingConfig = dataclasses.field(default_factory=LoggingConfig)
     """Metrics, checkpoints and plots."""
     seed: int = 0

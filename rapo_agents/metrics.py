@@ -142,31 +142,50 @@ def plot_curves(
     path: str | os.PathLike[str],
     keys: Sequence[str] = MAIN_CURVES,
     title: str | None = None,
+    heldout: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
 ) -> Path | None:
-    """Plot metric curves of one or more runs (label -> records) into a PNG grid; None when nothing to plot."""
+    """Plot metric curves of one or more runs (label -> records) into a PNG grid; None when nothing to plot.
+
+    ``heldout`` (label -> ``eval/metrics.jsonl`` records) adds a first panel: held-out accuracy with its
+    confidence band, next to the training reward.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    heldout = {label: [r for r in records if r.get("eval/accuracy") is not None]
+               for label, records in (heldout or {}).items()}
+    heldout = {label: records for label, records in heldout.items() if records}
     present = [key for key in keys
                if any(record.get(key) is not None for records in runs.values() for record in records)]
-    if not present:
+    panels = (["held-out accuracy"] if heldout else []) + present
+    if not panels:
         return None
-    columns = min(3, len(present))
-    rows = math.ceil(len(present) / columns)
+    columns = min(3, len(panels))
+    rows = math.ceil(len(panels) / columns)
     figure, axes = plt.subplots(rows, columns, figsize=(4.2 * columns, 2.9 * rows), squeeze=False)
-    for axis, key in zip(axes.flat, present, strict=False):  # the grid may have spare panels
-        for label, records in runs.items():
-            points = [(record["step"], record[key]) for record in records if record.get(key) is not None]
-            if points:
-                steps, values = zip(*points, strict=True)
-                axis.plot(steps, values, marker="o", markersize=2.5, linewidth=1.3, label=label)
-        axis.set_title(key, fontsize=9)
+    for axis, key in zip(axes.flat, panels, strict=False):  # the grid may have spare panels
+        if key == "held-out accuracy":
+            for label, records in heldout.items():
+                steps = [record["step"] for record in records]
+                line, = axis.plot(steps, [record["eval/accuracy"] for record in records], marker="o",
+                                  markersize=3, linewidth=1.5, label=label)
+                low = [record.get("eval/accuracy_ci_low", record["eval/accuracy"]) for record in records]
+                high = [record.get("eval/accuracy_ci_high", record["eval/accuracy"]) for record in records]
+                axis.fill_between(steps, low, high, color=line.get_color(), alpha=0.2, linewidth=0)
+            axis.set_ylim(-0.02, 1.02)
+        else:
+            for label, records in runs.items():
+                points = [(record["step"], record[key]) for record in records if record.get(key) is not None]
+                if points:
+                    steps, values = zip(*points, strict=True)
+                    axis.plot(steps, values, marker="o", markersize=2.5, linewidth=1.3, label=label)
+        axis.set_title(key if key != "reward/mean" else "training reward (reward/mean)", fontsize=9)
         axis.set_xlabel("step", fontsize=8)
         axis.tick_params(labelsize=7)
         axis.grid(alpha=0.3)
-    for axis in list(axes.flat)[len(present):]:
+    for axis in list(axes.flat)[len(panels):]:
         axis.set_visible(False)
     if len(runs) > 1:
         axes.flat[0].legend(fontsize=7)

@@ -29,6 +29,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
+import json
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -38,12 +39,13 @@ import gymnasium as gym
 import torch
 
 from rapo_agents.batch import TrainBatch, build_batch
-from rapo_agents.checkpoint import CheckpointManager, GracefulInterrupt, rng_state, set_rng_state
+from rapo_agents.checkpoint import CheckpointManager, GracefulInterrupt, load_weights, rng_state, set_rng_state
 from rapo_agents.config import TrainConfig
+from rapo_agents.heldout import Difference, HeldoutEvaluator, HeldoutResult, paired_difference
 from rapo_agents.metrics import MetricsLogger, plot_curves, read_metrics
 from rapo_agents.rollout import RolloutEngine, derive_seed, make_env_factory
 from rapo_agents.sampler import QuestionSampler
-from rapo_agents.update import UpdateSettings, ppo_update, recompute_logprobs
+from rapo_agents.update import UpdateSettings, needs_logprob_correction, ppo_update, recompute_logprobs
 from rapo_env.trajectory import Trajectory, write_jsonl
 
 
@@ -63,6 +65,20 @@ class TrainResult:
     """``curves.png``, when plotted."""
     interrupted: bool
     """True when a signal stopped the run early."""
+    heldout: list[HeldoutResult] = dataclasses.field(default_factory=list)
+    """Held-out evaluations of this run, oldest first (the first is the warm-up-only policy, before RL)."""
+    profile: dict[str, float] = dataclasses.field(default_factory=dict)
+    """Seconds spent per phase (``prepare``, ``warmup``, ``generate``, ``tools``, ``update``, ``sync``, ``eval``,
+    ``checkpoint``) in this process."""
+    already_complete: bool = False
+    """True when the run folder already held a finished run: nothing was trained or reprinted."""
+
+    @property
+    def heldout_difference(self) -> Difference | None:
+        """Held-out accuracy after RL minus before (paired over the same questions), when both were measured."""
+        if len(self.heldout) < 2 or self.heldout[0].step != 0:
+            return None
+        return paired_difference(self.heldout[0].correct, self.heldout[-1].correct)
 
 
 def _flag(setting: str, on_gpu: bool) -> bool:
@@ -117,6 +133,7 @@ class RAPOTrainer:
     ):
         from rapo_agents.policies.hf import resolve_device
 
+        prepare_started = time.perf_counter()
         self.config = config
         self.device = resolve_device(config.device)
         on_gpu = self.device.type == "cuda"
@@ -164,6 +181,8 @@ class RAPOTrainer:
             grad_clip=optim.grad_clip,
             autocast_dtype=self.autocast_dtype,
         )
+        self._heldout: HeldoutEvaluator | None = None
+        self.profile: dict[str, float] = {"prepare": time.perf_counter() - prepare_started}
 
     # ---- construction ------------------------------------------------------------------------
 
@@ -176,9 +195,9 @@ class RAPOTrainer:
                 self.config.model.path, gpu_memory_utilization=rollout.gpu_memory_utilization,
                 max_model_len=rollout.max_prompt_tokens + rollout.max_response_tokens, seed=self.config.seed,
             )
-        from rapo_agents.policies.hf import HFPolicy
+        from rapo_agents.policies.factory import policy_for_model
 
-        return HFPolicy(self.model, self.tokenizer)
+        return policy_for_model(self.model, self.tokenizer)  # FastPolicy on CPU (issue #19)
 
     def _ray_policy_spec(self):
         """What the Ray workers generate with: a replica of the model each, or one shared `PolicyActor`."""
@@ -294,7 +313,7 @@ class RAPOTrainer:
             # zero-variance groups do.
             update_stats = {"optim/skipped_zero_advantage": 1.0, "time/update_s": 0.0}
         else:
-            if config.optim.recompute_old_logprobs:
+            if config.optim.recompute_old_logprobs or needs_logprob_correction(self.policy):
                 batch.old_logprobs = recompute_logprobs(self.model, batch, self.update_settings)
             update_stats = ppo_update(self.model, self.optimizer, batch, algorithm, self.update_settings,
                                       self.reference_model)
@@ -342,7 +361,6 @@ class RAPOTrainer:
     def state_dict(self) -> dict[str, Any]:
         """Everything an exact resume needs."""
         return {
-            "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "rng": rng_state(),
             "sampler": self.sampler.state_dict(),
@@ -351,8 +369,8 @@ class RAPOTrainer:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from a `state_dict` (weights, optimizer moments, RNG, data position, step)."""
-        self.model.load_state_dict(state["model"])
+        """Continue from a `state_dict` (optimizer moments, RNG, data position, step); the weights are loaded
+        apart (`rapo_agents.checkpoint.load_weights`)."""
         self.optimizer.load_state_dict(state["optimizer"])
         set_rng_state(state["rng"])
         self.sampler.load_state_dict(state["sampler"])
@@ -362,18 +380,23 @@ class RAPOTrainer:
         self.sync_policy()
 
     def save_checkpoint(self) -> Path:
-        """Write a checkpoint of the current step."""
-        return self.checkpoints.save(self.step, self.state_dict())
+        """Write a checkpoint of the current step: the policy in Hugging Face format and the trainer state."""
+        started = time.perf_counter()
+        path = self.checkpoints.save(self.step, self.state_dict(), self.model, self.tokenizer)
+        self._add_time("checkpoint", time.perf_counter() - started)
+        return path
 
-    def maybe_resume(self) -> bool:
-        """Load the latest checkpoint of the run folder, if resuming is on and there is one."""
+    def maybe_resume(self) -> Path | None:
+        """Load the newest checkpoint of the run folder that loads, if resuming is on; returns its folder."""
         if not self.config.logging.resume:
-            return False
-        state = self.checkpoints.load_latest()
-        if state is None:
-            return False
+            return None
+        found = self.checkpoints.load_latest()
+        if found is None:
+            return None
+        folder, state = found
+        load_weights(self.model, folder)
         self.load_state_dict(state)
-        return True
+        return folder
 
     def close(self) -> None:
         """Release the rollout envs and their tool workers, or the Ray workers (restarted if training goes on)."""
@@ -381,8 +404,11 @@ class RAPOTrainer:
             self._engine.close()
             if self.on_ray:
                 self._engine = None
+        if self._heldout is not None:
+            self._heldout.close()
+            self._heldout = None
 
-    # ---- the loop ---------------------------------------------------------------------------------
+    # ---- what the run is ------------------------------------------------------------------------------
 
     @property
     def method(self) -> str:
@@ -398,49 +424,134 @@ class RAPOTrainer:
         optim = self.config.optim
         return min(optim.total_steps, optim.total_epochs * self.sampler.batches_per_epoch)
 
+    def _add_time(self, phase: str, seconds: float) -> None:
+        self.profile[phase] = self.profile.get(phase, 0.0) + seconds
+
+    # ---- held-out evaluation ----------------------------------------------------------------------
+
+    @property
+    def heldout(self) -> HeldoutEvaluator | None:
+        """The held-out evaluator (same engine class and policy as training, greedy), or None when off.
+
+        It needs the training env's ``gym.make`` keyword arguments (to pick the held-out split): a run
+        given its own ``env_factory`` evaluates only with ``evaluation.heldout_env_kwargs``, and a Ray run not at all.
+        """
+        evaluation = self.config.evaluation
+        if not evaluation.enabled or self.on_ray:
+            return None
+        if self._env_kwargs is None and not evaluation.heldout_env_kwargs:
+            return None
+        if self._heldout is None:
+            self._heldout = HeldoutEvaluator(self.config.data.env_id if self._env_kwargs is None else self._env,
+                                             self._env_kwargs or {}, self.policy, self.config.rollout, evaluation,
+                                             seed=self.config.seed)
+        return self._heldout
+
+    def evaluate_heldout(self, logger: MetricsLogger | None = None) -> HeldoutResult | None:
+        """Evaluate the current policy on the held-out questions; logs ``eval/*`` to ``logger`` (``eval/``)."""
+        evaluator = self.heldout
+        if evaluator is None:
+            return None
+        result = evaluator.evaluate(self.step, show_progress=self.config.logging.progress)
+        self._add_time("eval", result.metrics["time/eval_s"])
+        metrics = result.metrics
+        print(f"held-out accuracy at step {self.step}: {metrics['eval/accuracy']:.3f} "
+              f"[{metrics['eval/accuracy_ci_low']:.3f}, {metrics['eval/accuracy_ci_high']:.3f}] on "
+              f"{len(result.correct)} questions, format rate {metrics['eval/format_rate']:.2f} "
+              f"({metrics['time/eval_s']:.0f} s)")
+        if logger is not None:
+            logger.log(self.step, {**metrics, "correct": result.correct})
+        return result
+
+    def _logged_heldout(self) -> list[HeldoutResult]:
+        """The held-out evaluations already recorded in the run folder, up to the current step."""
+        path = self.output_dir / "eval" / "metrics.jsonl"
+        if not path.is_file():
+            return []
+        return [HeldoutResult(step=record["step"], correct=list(record.get("correct") or []),
+                              metrics={k: v for k, v in record.items() if k not in ("step", "correct")})
+                for record in read_metrics(path) if record["step"] <= self.step]
+
+    # ---- the loop ---------------------------------------------------------------------------------
+
     def train(self) -> TrainResult:
-        """Run (or resume) the loop to ``total_steps``; always leaves a checkpoint and the metrics behind."""
+        """Run (or resume) the loop to ``total_steps``; always leaves a checkpoint and the metrics behind.
+
+        The held-out split is evaluated before RL (right after the warm-up), every ``evaluation.eval_every``
+        steps and at the end. A run folder whose newest checkpoint is already at ``total_steps`` is not trained
+        again: the result says ``already_complete`` (start another run with a new ``logging.output_dir`` or with
+        ``logging.resume=false``).
+        """
         from tqdm import tqdm
 
         config = self.config
+        logging_config = config.logging
+        resumed = self.maybe_resume()
+        if resumed is not None and self.step >= self.total_steps:
+            return TrainResult(steps=self.step, history=self._history(), output_dir=self.output_dir,
+                               checkpoint=resumed, plot=None, interrupted=False, heldout=self._logged_heldout(),
+                               already_complete=True)
         self.output_dir.mkdir(parents=True, exist_ok=True)
         config.to_yaml(self.output_dir / "config.yaml")
-        self.maybe_resume()
-        logging_config = config.logging
         interrupted = False
         checkpoint = None
+        heldout = self._logged_heldout() if resumed is not None else []
+        every = config.evaluation.eval_every
         with MetricsLogger(
             self.output_dir, tensorboard=logging_config.tensorboard, wandb=logging_config.wandb,
             swanlab=logging_config.swanlab, project=logging_config.project, run_name=self.output_dir.name,
             config=config.to_dict(),
-        ) as logger, GracefulInterrupt() as interrupt:
+        ) as logger, MetricsLogger(self.output_dir / "eval", tensorboard=logging_config.tensorboard) as eval_logger, \
+                GracefulInterrupt() as interrupt:
             for note in logger.notes:
                 print(note)
             if not self.warmup_done:
-                logger.log(self.step, self.warm_up())
+                started = time.perf_counter()
+                warmup_metrics = self.warm_up()
+                self._add_time("warmup", time.perf_counter() - started)
+                logger.log(self.step, {**warmup_metrics, "time/prepare_s": self.profile["prepare"]})
+            if self.step == 0 and not heldout:
+                heldout.append(self.evaluate_heldout(eval_logger))
             progress = tqdm(total=self.total_steps, initial=self.step, desc="train", unit="step",
                             disable=not logging_config.progress)
             while self.step < self.total_steps and not interrupt.requested:
-                metrics = self.train_step()
-                logger.log(self.step, metrics)
+                last = self.train_step()
+                for phase, key in (("rollout", "time/rollout_s"), ("generate", "time/generate_s"),
+                                   ("tools", "time/env_step_s"), ("update", "time/update_s"),
+                                   ("sync", "time/sync_s")):
+                    self._add_time(phase, float(last.get(key, 0.0)))
+                # Seconds per phase so far (this process), so that every record shows where the time went.
+                last.update({f"profile/{phase}_s": seconds for phase, seconds in self.profile.items()})
+                logger.log(self.step, last)
                 progress.update(1)
-                progress.set_postfix(reward=f"{metrics['reward/mean']:.3f}", acc=f"{metrics['accuracy']:.2f}")
+                progress.set_postfix(reward=f"{last['reward/mean']:.3f}", acc=f"{last['accuracy']:.2f}")
                 if logging_config.save_every and self.step % logging_config.save_every == 0:
                     checkpoint = self.save_checkpoint()
+                if every and self.step % every == 0 and self.step < self.total_steps:
+                    heldout.append(self.evaluate_heldout(eval_logger))
             progress.close()
             interrupted = interrupt.requested
             if interrupted:
                 print(f"{interrupt.signal_name}: saving a checkpoint at step {self.step} and stopping")
+            elif not any(result is not None and result.step == self.step for result in heldout):
+                heldout.append(self.evaluate_heldout(eval_logger))
             if checkpoint is None or not checkpoint.name.endswith(f"{self.step:06d}"):
                 checkpoint = self.save_checkpoint()
+            (self.output_dir / "profile.json").write_text(json.dumps(self.profile, indent=2), encoding="utf-8")
         self.close()
-        # Step 0 holds the warm-up's record, not a training step's.
-        history = [record for record in read_metrics(self.output_dir / "metrics.jsonl") if record["step"] > 0]
+        heldout = [result for result in heldout if result is not None]
+        history = self._history()
         plot = None
         if logging_config.plot and history:
-            plot = plot_curves({self.method: history}, self.output_dir / "curves.png", title=str(self.output_dir))
+            plot = plot_curves({self.method: history}, self.output_dir / "curves.png", title=str(self.output_dir),
+                               heldout={self.method: [{"step": r.step, **r.metrics} for r in heldout]})
         return TrainResult(steps=self.step, history=history, output_dir=self.output_dir, checkpoint=checkpoint,
-                           plot=plot, interrupted=interrupted)
+                           plot=plot, interrupted=interrupted, heldout=heldout, profile=dict(self.profile))
+
+    def _history(self) -> list[dict[str, Any]]:
+        # Step 0 holds the warm-up's record, not a training step's.
+        path = self.output_dir / "metrics.jsonl"
+        return [record for record in read_metrics(path) if record["step"] > 0] if path.is_file() else []
 
 
 def training_env_kwargs(config: TrainConfig) -> dict[str, Any]:

@@ -10,7 +10,16 @@ import numpy as np
 import pytest
 import torch
 
-from rapo_agents.checkpoint import CheckpointError, CheckpointManager, GracefulInterrupt, rng_state, set_rng_state
+from rapo_agents.checkpoint import (
+    STATE_FILE,
+    WEIGHTS_FILE,
+    CheckpointError,
+    CheckpointManager,
+    GracefulInterrupt,
+    load_weights,
+    rng_state,
+    set_rng_state,
+)
 from rapo_agents.sampler import QuestionSampler
 
 
@@ -19,24 +28,76 @@ def test_save_load_and_keep_last(tmp_path):
     for step in (1, 2, 3):
         manager.save(step, {"trainer": {"step": step}, "weights": torch.full((2,), float(step))})
     assert [path.name for path in manager.checkpoints()] == ["step_000002", "step_000003"]
-    state = manager.load_latest()
-    assert state["trainer"]["step"] == 3 and state["weights"].tolist() == [3.0, 3.0]
+    folder, state = manager.load_latest()
+    assert folder.name == "step_000003" and state["trainer"]["step"] == 3 and state["weights"].tolist() == [3.0, 3.0]
     assert (manager.latest() / "trainer_state.json").is_file()
 
 
-def test_incomplete_checkpoints_are_ignored_and_corrupt_ones_raise(tmp_path):
+def test_incomplete_checkpoints_are_ignored_and_a_corrupt_newest_one_falls_back(tmp_path):
     manager = CheckpointManager(tmp_path)
     assert manager.load_latest() is None
     manager.save(1, {"trainer": {"step": 1}})
+    manager.save(2, {"trainer": {"step": 2}})
     # A crash mid-save leaves a temporary folder (and a step folder without state): never picked up.
-    (tmp_path / ".tmp_step_000002_99").mkdir()
-    (tmp_path / "step_000003").mkdir()
-    assert manager.latest().name == "step_000001"
-    (tmp_path / "step_000001" / "state.pt").write_bytes(b"not a checkpoint")
-    with pytest.raises(CheckpointError):
-        manager.load_latest()
+    (tmp_path / ".tmp_step_000003_99").mkdir()
+    (tmp_path / "step_000004").mkdir()
+    assert manager.latest().name == "step_000002"
+    (tmp_path / "step_000002" / STATE_FILE).write_bytes(b"not a checkpoint")
+    with pytest.raises(CheckpointError, match="cannot read"):
+        manager.load(tmp_path / "step_000002")
+    with pytest.warns(UserWarning, match="skipping checkpoint step_000002"):
+        folder, state = manager.load_latest()
+    assert folder.name == "step_000001" and state["trainer"]["step"] == 1
     with pytest.raises(ValueError):
         CheckpointManager(tmp_path, keep_last=0)
+
+
+class _Payload:
+    """What a malicious pickle would run on load: here it only leaves a file behind."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def test_a_checkpoint_holding_arbitrary_pickle_is_refused_without_running_it(tmp_path):
+    manager = CheckpointManager(tmp_path / "checkpoints")
+    folder = manager.save(1, {"trainer": {"step": 1}})
+    marker = tmp_path / "pwned"
+    torch.save({"trainer": {"step": 1}, "payload": _Payload(str(marker))}, folder / STATE_FILE)
+    with pytest.raises(CheckpointError, match="refused"):
+        manager.load(folder)
+    assert not marker.exists()
+
+
+def test_checkpoints_hold_the_policy_in_hugging_face_format(tmp_path):
+    from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                         num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=True))
+    manager = CheckpointManager(tmp_path, keep_last=1)
+    manager.save(1, {"trainer": {"step": 1}}, model)
+    folder = manager.save(2, {"trainer": {"step": 2}}, model)
+    assert [path.name for path in manager.checkpoints()] == ["step_000002"]  # keep_last covers the weights too
+    assert {"config.json", WEIGHTS_FILE, STATE_FILE, "trainer_state.json"} <= {p.name for p in folder.iterdir()}
+    loaded = AutoModelForCausalLM.from_pretrained(folder)
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(loaded.state_dict()[name], tensor), name
+    fresh = LlamaForCausalLM(model.config)
+    load_weights(fresh, folder)
+    assert all(torch.equal(fresh.state_dict()[k], v) for k, v in model.state_dict().items())
+    assert fresh.lm_head.weight.data_ptr() == fresh.model.embed_tokens.weight.data_ptr()  # still tied
+
+
+def test_resaving_a_step_never_leaves_it_missing(tmp_path):
+    manager = CheckpointManager(tmp_path, keep_last=1)
+    manager.save(1, {"trainer": {"step": 1, "version": "a"}})
+    manager.save(1, {"trainer": {"step": 1, "version": "b"}})
+    assert manager.load_latest()[1]["trainer"]["version"] == "b"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_000001"]
 
 
 def test_rng_state_round_trip():

@@ -52,7 +52,7 @@ def test_round_trip_through_yaml(tmp_path):
         (["rolout_n=3"], "did you mean"),
         (["lr=fast"], "optim.lr must be a number"),
         (["rollout_n=2.5"], "integer"),
-        (["enabled=maybe"], "true or false"),
+        (["retrieval.enabled=maybe"], "true or false"),
         (["no_equals_sign"], "key=value"),
         (["fidelity=verl"], "fidelity"),
         (["train_batch_size=6", "ppo_mini_batch_size=4"], "multiple"),
@@ -88,9 +88,11 @@ def test_every_leaf_is_reachable_and_documented():
     # Every field of every section has a docstring right under it.
     from rapo_agents import config as config_module
 
+    from rapo_agents import heldout as heldout_module
     from rapo_agents.rollout import config as rollout_config_module
 
-    source = inspect.getsource(config_module) + inspect.getsource(rollout_config_module)
+    source = inspect.getsource(config_module) + inspect.getsource(rollout_config_module) + inspect.getsource(
+        heldout_module)
     for path in paths:
         if path.startswith(("algorithm.", "arpo.")):
             continue  # documented in rapo_agents.rapo.RAPOConfig and rapo_agents.rollout.branching.ARPOConfig

@@ -206,7 +206,8 @@ def make_trainer(tmp_path, loop_parts, *overrides, always_right=False):
         "rollout_n=4", "no_retrieve_first_k=2", "retrieve_prob=1.0", "max_prompt_tokens=512", "max_response_tokens=256",
         "lr=1e-3", "env_kwargs={sandbox: subprocess, system_prompt: Use python.}", "logging.progress=false",
         "logging.tensorboard=true",
-        "recompute_old_logprobs=true", "sft_steps=0", f"logging.output_dir={tmp_path}", *overrides,
+        "recompute_old_logprobs=true", "sft_steps=0", "evaluation.enabled=false", f"logging.output_dir={tmp_path}",
+        *overrides,
     ])
     return RAPOTrainer(config, model=tiny_model(vocab_size=259), tokenizer=SeededAnswerPolicy(tasks).tokenizer,
                        policy=SeededAnswerPolicy(tasks, always_right), retriever=retriever)
@@ -298,7 +299,7 @@ def test_warm_up_runs_once_before_rl_and_is_skipped_on_resume(tmp_path, loop_par
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [0, 1]
     assert records[0]["warmup/loss"] < records[0]["warmup/loss_before"]
-    assert trainer.checkpoints.load_latest()["trainer"]["warmup_done"] is True
+    assert trainer.checkpoints.load_latest()[1]["trainer"]["warmup_done"] is True
     resumed = make_trainer(tmp_path, loop_parts, "total_steps=2", *warm)
     resumed.train()
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
@@ -343,3 +344,46 @@ def test_rollout_parts_pickle_for_ray_workers(tmp_path, loop_parts):
     assert isinstance(env, StepTraceRetrievalWrapper) and env.no_retrieve_first_k == 2 and env.group_size == 4
     assert len(env.unwrapped.tasks) == 4
     env.close()
+
+
+def test_heldout_evaluation_runs_before_rl_and_at_the_end_on_questions_never_trained_on(tmp_path, loop_parts):
+    import json
+
+    from rapo_agents.config import load_config
+    from rapo_agents.trainer import RAPOTrainer
+    from rapo_env.tasks.procedural_math import SPLIT_SEEDS, ProceduralMath
+
+    train_tasks, retriever = loop_parts
+    heldout_tasks = ProceduralMath(seed=SPLIT_SEEDS["test"], num_tasks=6, difficulty=1)
+    knows_all = list(train_tasks) + list(heldout_tasks)
+    config = load_config(None, [
+        "num_tasks=4", "data.difficulty=1", "train_batch_size=2", "ppo_mini_batch_size=1", "rollout_n=4",
+        "lr=1e-3", "env_kwargs={sandbox: subprocess, system_prompt: Use python.}", "logging.progress=false",
+        "sft_steps=1", "sft_batch_size=2", "num_expert_episodes=4", "max_response_tokens=1024", "max_turn_tokens=512",
+        "evaluation.heldout_tasks=6", "total_steps=2", "logging.plot=true", f"logging.output_dir={tmp_path}",
+    ])
+    trainer = RAPOTrainer(config, model=tiny_model(vocab_size=259), tokenizer=SeededAnswerPolicy(knows_all).tokenizer,
+                          policy=SeededAnswerPolicy(knows_all), retriever=retriever)
+    questions = set(trainer.heldout.questions)
+    assert len(questions) == 6
+    assert questions.isdisjoint(task.question for task in trainer._env_factory().unwrapped.tasks)
+    result = trainer.train()
+    assert [evaluation.step for evaluation in result.heldout] == [0, 2]
+    records = [json.loads(line) for line in (tmp_path / "eval" / "metrics.jsonl").read_text().splitlines()]
+    assert [record["step"] for record in records] == [0, 2]
+    for record in records:
+        # Greedy decoding is seed 0 for this policy: a wrong answer on every question, in the format.
+        assert record["eval/accuracy"] == 0.0 and record["eval/format_rate"] == 1.0
+        assert record["eval/accuracy_ci_low"] <= record["eval/accuracy"] <= record["eval/accuracy_ci_high"]
+        assert record["eval/tool_calls"] == 1.0 and len(record["correct"]) == 6
+    assert result.heldout_difference.mean == 0.0
+    assert {"prepare", "warmup", "eval", "rollout", "update", "checkpoint"} <= set(result.profile)
+    assert json.loads((tmp_path / "profile.json").read_text())["eval"] > 0
+    assert list((tmp_path / "eval" / "tensorboard").iterdir())
+
+    again = RAPOTrainer(config, model=tiny_model(vocab_size=259), tokenizer=SeededAnswerPolicy(knows_all).tokenizer,
+                        policy=SeededAnswerPolicy(knows_all), retriever=retriever)
+    lines_before = (tmp_path / "metrics.jsonl").read_text()
+    repeat = again.train()
+    assert repeat.already_complete and repeat.steps == 2 and [e.step for e in repeat.heldout] == [0, 2]
+    assert (tmp_path / "metrics.jsonl").read_text() == lines_before  # nothing trained or logged again

@@ -1,0 +1,187 @@
+"""Held-out evaluation inside training: greedy rollouts of a fixed split, through the training engine and policy.
+
+The held-out split is the training task's ``test`` split. For the embedded procedural math it comes from
+another generator seed than the ``train`` split, so it shares no question with the training questions, nor
+with the warm-up's expert episodes (which are training questions). Evaluation builds a `RolloutEngine` over
+the same env id and the same policy object as training, with the rollout settings of training except that
+decoding is greedy, there is one rollout per question and no retrieval wrapper: it measures the policy
+alone, as a user of the trained model would run it.
+
+Accuracy comes with a percentile-bootstrap confidence interval; two evaluations of the same questions
+(before and after RL) are compared by a paired bootstrap of their difference.
+
+Example:
+    >>> low, high = bootstrap_ci([1.0] * 30 + [0.0] * 70, confidence=0.95, resamples=2000, seed=0)
+    >>> round(low, 2) < 0.3 < round(high, 2)
+    True
+    >>> difference = paired_difference([0.0, 0.0, 1.0, 0.0], [1.0, 1.0, 1.0, 0.0], resamples=1000)
+    >>> difference.mean
+    0.5
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from rapo_agents.rollout.config import RolloutConfig
+from rapo_agents.rollout.engine import RolloutEngine
+from rapo_env.trajectory import Trajectory
+
+
+@dataclasses.dataclass
+class HeldoutConfig:
+    """Held-out evaluation during training (``evaluation`` section of the config)."""
+
+    enabled: bool = True
+    """Evaluate on held-out questions before RL (after the warm-up), every ``eval_every`` steps and at the end."""
+    split: str = "test"
+    """Split of the training task that is held out (procedural math: ``validation`` or ``test``, never ``train``)."""
+    heldout_tasks: int = 100
+    """Held-out questions: the first ones of ``split``."""
+    eval_every: int = 0
+    """Also evaluate every this many RL steps (0: only before RL and at the end)."""
+    max_eval_tokens: int | None = None
+    """Token budget of an evaluation episode (None: the training rollouts' ``max_response_tokens``)."""
+    heldout_env_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """``gym.make`` keyword arguments of the held-out env on top of the training env's (e.g. a ``dataset`` file
+    for a data source that has no ``split``)."""
+    confidence: float = 0.95
+    """Level of the bootstrap confidence intervals."""
+    bootstrap_resamples: int = 2000
+    """Bootstrap resamples per interval."""
+
+    def __post_init__(self) -> None:
+        if self.split == "train":
+            raise ValueError("evaluation.split must be held out: use validation or test, not train")
+        if self.heldout_tasks < 1 or self.eval_every < 0 or self.bootstrap_resamples < 1:
+            raise ValueError("evaluation needs heldout_tasks >= 1, eval_every >= 0 and bootstrap_resamples >= 1")
+        if not 0.0 < self.confidence < 1.0:
+            raise ValueError(f"evaluation.confidence must be in (0, 1), got {self.confidence}")
+
+
+def bootstrap_ci(
+    values: Sequence[float], confidence: float = 0.95, resamples: int = 2000, seed: int = 0
+) -> tuple[float, float]:
+    """Percentile-bootstrap interval of the mean of ``values``."""
+    data = np.asarray(values, dtype=np.float64)
+    if data.size == 0:
+        return float("nan"), float("nan")
+    rng = np.random.default_rng(seed)
+    means = data[rng.integers(0, data.size, size=(resamples, data.size))].mean(axis=1)
+    tail = (1.0 - confidence) / 2.0
+    return float(np.quantile(means, tail)), float(np.quantile(means, 1.0 - tail))
+
+
+@dataclasses.dataclass
+class Difference:
+    """``after - before`` over paired questions, with its bootstrap interval."""
+
+    mean: float
+    low: float
+    high: float
+
+
+def paired_difference(
+    before: Sequence[float], after: Sequence[float], confidence: float = 0.95, resamples: int = 2000, seed: int = 0
+) -> Difference:
+    """Mean of ``after - before`` question by question, with a paired percentile-bootstrap interval.
+
+    Raises:
+        ValueError: when the two evaluations do not cover the same number of questions.
+    """
+    if len(before) != len(after):
+        raise ValueError(f"paired evaluations differ in size: {len(before)} vs {len(after)} questions")
+    deltas = np.asarray(after, dtype=np.float64) - np.asarray(before, dtype=np.float64)
+    low, high = bootstrap_ci(deltas, confidence, resamples, seed)
+    return Difference(mean=float(deltas.mean()) if deltas.size else float("nan"), low=low, high=high)
+
+
+@dataclasses.dataclass
+class HeldoutResult:
+    """One held-out evaluation."""
+
+    step: int
+    """RL steps done when it ran (0: before RL, right after the warm-up)."""
+    correct: list[float]
+    """Per-question accuracy, in question order (for paired comparisons)."""
+    metrics: dict[str, float]
+    """``eval/accuracy`` with ``eval/accuracy_ci_low``/``_high``, ``eval/format_rate``, ``eval/tool_calls``,
+    ``eval/reward``, ``eval/response_tokens`` and ``time/eval_s``."""
+
+
+def heldout_metrics(trajectories: Sequence[Trajectory], config: HeldoutConfig, seed: int) -> dict[str, float]:
+    """The ``eval/*`` metrics of one evaluation's trajectories (one per question)."""
+    correct = [float(t.metrics.get("accuracy", t.metrics.get("em", 0.0))) for t in trajectories]
+    low, high = bootstrap_ci(correct, config.confidence, config.bootstrap_resamples, seed)
+
+    def mean(values: list[float]) -> float:
+        return float(np.mean(values)) if values else float("nan")
+
+    return {
+        "eval/accuracy": mean(correct),
+        "eval/accuracy_ci_low": low,
+        "eval/accuracy_ci_high": high,
+        "eval/format_rate": mean([float(t.metrics.get("format_ok", 0.0)) for t in trajectories]),
+        "eval/tool_calls": mean([float(t.num_tool_calls) for t in trajectories]),
+        "eval/reward": mean([float(t.reward) for t in trajectories]),
+        "eval/response_tokens": mean([float(len(t.token_ids or []) - (t.prompt_length or 0)) for t in trajectories]),
+        "eval/questions": float(len(trajectories)),
+    }
+
+
+class HeldoutEvaluator:
+    """Greedy rollouts of the held-out questions with the training policy.
+
+    Args:
+        env: the training env's id (or factory), as the training engine gets it.
+        env_kwargs: the training env's ``gym.make`` keyword arguments; the split, the number of questions and
+            ``config.heldout_env_kwargs`` are put on top.
+        policy: the training rollout policy (the same object: weights are current by construction).
+        rollout: the training rollout settings; evaluation decodes greedily, one rollout per question.
+        config: what to evaluate.
+        seed: seed of the engine and of the bootstrap.
+    """
+
+    def __init__(self, env: str | Callable[..., Any], env_kwargs: dict[str, Any], policy: Any,
+                 rollout: RolloutConfig, config: HeldoutConfig, seed: int = 0):
+        self.config = config
+        self.seed = seed
+        kwargs = dict(env_kwargs)
+        if kwargs.get("dataset") == "procedural":
+            kwargs.update(split=config.split, num_tasks=config.heldout_tasks)
+        kwargs.update(config.heldout_env_kwargs)
+        greedy = dataclasses.replace(
+            rollout, rollout_n=1, temperature=0.0, top_p=1.0, top_k=0, show_progress=False,
+            max_response_tokens=config.max_eval_tokens or rollout.max_response_tokens,
+        )
+        self.engine = RolloutEngine(env, policy, greedy, kwargs)
+        self.num_tasks = min(config.heldout_tasks, len(self.engine.tasks))
+
+    @property
+    def questions(self) -> list[str]:
+        """The held-out questions, in evaluation order."""
+        return [task.question for task in list(self.engine.tasks)[: self.num_tasks]]
+
+    def evaluate(self, step: int, show_progress: bool = True) -> HeldoutResult:
+        """Play every held-out question once, greedily; metrics plus per-question accuracy."""
+        from tqdm.auto import tqdm
+
+        started = time.perf_counter()
+        bar = tqdm(total=self.num_tasks, desc=f"held-out eval (step {step})", unit="question",
+                   disable=not show_progress, leave=False)
+        trajectories = self.engine.run(list(range(self.num_tasks)), seed=self.seed,
+                                       on_trajectory=lambda _: bar.update(1))
+        bar.close()
+        metrics = heldout_metrics(trajectories, self.config, self.seed)
+        metrics["time/eval_s"] = time.perf_counter() - started
+        correct = [float(t.metrics.get("accuracy", t.metrics.get("em", 0.0))) for t in trajectories]
+        return HeldoutResult(step=step, correct=correct, metrics=metrics)
+
+    def close(self) -> None:
+        """Release the evaluation envs and their tool workers."""
+        self.engine.close()

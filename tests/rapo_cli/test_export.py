@@ -1,0 +1,75 @@
+"""A training checkpoint is a model you can use: `rapo eval --model <checkpoint>` runs on it, and `rapo export`
+writes a folder that plain transformers loads."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+
+def rapo(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "rapo_cli", *args], capture_output=True, text=True, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def run_folder(tmp_path_factory, policy_tokenizer_dir):
+    """A run folder whose checkpoint holds a small random Llama with the embedded SmolLM2 tokenizer and template."""
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    from rapo_agents.checkpoint import CheckpointManager
+
+    tokenizer = AutoTokenizer.from_pretrained(policy_tokenizer_dir)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+        num_key_value_heads=1, tie_word_embeddings=True, bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id))
+    folder = tmp_path_factory.mktemp("run")
+    CheckpointManager(folder / "checkpoints").save(3, {"trainer": {"step": 3}}, model, tokenizer)
+    return folder
+
+
+def test_a_checkpoint_holds_the_tokenizer_and_chat_template(run_folder):
+    checkpoint = run_folder / "checkpoints" / "step_000003"
+    names = {path.name for path in checkpoint.iterdir()}
+    assert {"model.safetensors", "config.json", "tokenizer.json", "tokenizer_config.json"} <= names
+    template = (checkpoint / "chat_template.jinja").read_text() if "chat_template.jinja" in names else \
+        json.loads((checkpoint / "tokenizer_config.json").read_text())["chat_template"]
+    assert "<|im_start|>" in template
+
+
+def test_rapo_eval_runs_on_a_checkpoint(run_folder, tmp_path):
+    out = tmp_path / "eval.jsonl"
+    result = rapo("eval", "--policy", "hf", "--model", str(run_folder / "checkpoints" / "step_000003"),
+                  "--limit", "1", "--max-tokens", "8", "--env-kwargs", '{"sandbox": "subprocess"}',
+                  "--output", str(out))
+    assert result.returncode == 0, result.stderr[-2000:]
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(rows) == 1 and rows[0]["response_tokens"] > 0
+
+
+def test_rapo_export_writes_a_folder_plain_transformers_loads(run_folder, tmp_path):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    target = tmp_path / "exported"
+    result = rapo("export", str(run_folder), str(target))  # a run folder stands for its newest checkpoint
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert not (target / "trainer_state.pt").exists()
+    model = AutoModelForCausalLM.from_pretrained(target)
+    tokenizer = AutoTokenizer.from_pretrained(target)
+    ids = tokenizer.apply_chat_template([{"role": "user", "content": "2+2?"}], add_generation_prompt=True,
+                                        return_tensors="pt", return_dict=True)["input_ids"]
+    with torch.no_grad():
+        assert model(ids).logits.shape[-1] == len(tokenizer)
+    again = rapo("export", str(run_folder), str(target))
+    assert again.returncode == 2 and "not an empty folder" in again.stderr and "Traceback" not in again.stderr
+
+
+def test_rapo_export_of_a_folder_without_checkpoint_says_what_to_pass(tmp_path):
+    result = rapo("export", str(tmp_path), str(tmp_path / "out"))
+    assert result.returncode == 2 and "holds no checkpoint" in result.stderr and "Traceback" not in result.stderr
