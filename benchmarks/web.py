@@ -1,11 +1,14 @@
 """Web tools on the offline web: search latency (in-process, over HTTP, from the disk cache), browse
 throughput (sequential vs concurrent), and replay lookups over the reference's real recorded queries.
 
-Run: ``python benchmarks/web.py [--quick]``. Everything runs on loopback against the procedural
-knowledge base served by ``RAPO-Web-v0`` (built and cached on first use). Baselines measured in the
-same run: uncached Bing-v7-over-HTTP search (for the in-process and cached rows) and sequential
-browsing (for the concurrent rows), both on the offline site and on a site that answers after 100 ms,
-like a remote server.
+Run: ``python benchmarks/web.py [--quick]``, or ``--extraction`` for page extraction alone: ``extract_page``
+on a ~200 KB encyclopedia-style page built from the shared wiki sample, against the same call plus
+trafilatura's ``extract_metadata``, which is how the title was read before issue #21.
+
+Everything runs on loopback against the procedural knowledge base served by ``RAPO-Web-v0`` (built and cached
+on first use). Baselines measured in the same run: uncached Bing-v7-over-HTTP search (for the in-process and
+cached rows) and sequential browsing (for the concurrent rows), both on the offline site and on a site that
+answers after 100 ms, like a remote server.
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ from rapo_env.envs.web import WebEnv
 from rapo_tools.aio import run_sync
 from rapo_tools.serving import serve_in_thread
 from rapo_tools.web.browse import BrowseTool
+from rapo_tools.web.extract import extract_page, page_title
+from rapo_tools.web.fetch import FetchedPage
 from rapo_tools.web.providers.replay import ReplayProvider
 from rapo_tools.web.search_tool import WebSearchTool
 
@@ -77,6 +82,61 @@ def pages_per_second(browser: BrowseTool, urls: list[str], concurrency: int) -> 
     return len(urls) / elapsed
 
 
+def large_page(target_bytes: int = 200_000) -> FetchedPage:
+    """An encyclopedia-style page of about ``target_bytes``: meta tags, navigation, a long article of real wiki
+    passages with links and tables, and a footer."""
+    import html
+
+    data = Path(os.environ.get("RAPO_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
+    with (data / "corpus" / "flashrag_wiki18_sample_1000.jsonl").open() as handle:
+        passages = [json.loads(line)["contents"] for line in handle]
+    navigation = "".join(f'<a href="/section/{i}">Section {i}</a> | ' for i in range(60))
+    head = ('<!DOCTYPE html><html><head><meta charset="utf-8"><title>Evan Morris - RapoPedia</title>'
+            '<meta property="og:title" content="Evan Morris"><meta name="description" content="An article">'
+            f'</head><body><nav>{navigation}</nav><article><h1>Evan Morris</h1>')
+    body, number = [], 0
+    while len(head) + sum(map(len, body)) < target_bytes:
+        text = html.escape(passages[number % len(passages)])
+        body.append(f'<h2>Part {number}</h2><p>{text} <a href="/pages/{number}">more</a></p>')
+        if number % 20 == 0:
+            rows = "".join(f"<tr><td>{row}</td><td>{row * number}</td></tr>" for row in range(8))
+            body.append(f"<table>{rows}</table>")
+        number += 1
+    page = head + "".join(body) + "</article><footer>Cookie settings | Privacy | Terms</footer></body></html>"
+    return FetchedPage("https://rapopedia.example/evan", 200, "text/html", "utf-8", page.encode(), False)
+
+
+def extraction_rows(rounds: int) -> list[dict]:
+    """Milliseconds per extraction of `large_page`, after (title from the parsed tree) and before (plus
+    trafilatura's ``extract_metadata``), interleaved; and the two title readers alone."""
+    import lxml.html
+    import trafilatura
+
+    page = large_page()
+    text = page.body.decode("utf-8")
+    tree = lxml.html.fromstring(text)
+    systems = {
+        "extract_page, title from trafilatura.extract_metadata (before)":
+            lambda: (extract_page(page), trafilatura.extract_metadata(text, default_url=page.url)),
+        "extract_page, title from the parsed tree (after)": lambda: extract_page(page),
+        "title alone: trafilatura.extract_metadata": lambda: trafilatura.extract_metadata(text, default_url=page.url),
+        "title alone: page_title on the parsed tree": lambda: page_title(tree),
+    }
+    for system in systems.values():
+        system()  # warm up
+    timings: dict[str, list[float]] = {name: [] for name in systems}
+    for _ in range(rounds):
+        for name, system in systems.items():
+            start = time.perf_counter()
+            system()
+            timings[name].append((time.perf_counter() - start) * 1e3)
+    return [
+        {"setting": name, "page_kb": len(page.body) / 1e3, "median_ms": statistics.median(values),
+         "min_ms": min(values), "max_ms": max(values)}
+        for name, values in timings.items()
+    ]
+
+
 def replay_rows(cache_file: Path) -> list[dict]:
     recorded = json.loads(cache_file.read_text(encoding="utf-8"))
     provider = ReplayProvider(cache_file)
@@ -95,7 +155,17 @@ def replay_rows(cache_file: Path) -> list[dict]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="fewer queries and pages")
+    parser.add_argument("--extraction", action="store_true", help="only the page extraction benchmark")
+    parser.add_argument("--rounds", type=int, default=15, help="rounds of the extraction benchmark")
     args = parser.parse_args()
+    if args.extraction:
+        load = os.getloadavg()[0]
+        rows = extraction_rows(args.rounds)
+        report("web_extract", f"Page extraction, median of {args.rounds} interleaved rounds",
+               ["setting", "page_kb", "median_ms", "min_ms", "max_ms"], rows,
+               {"load_average_1m": {"start": load, "end": os.getloadavg()[0]},
+                "gain": rows[0]["median_ms"] / rows[1]["median_ms"]})
+        return
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ[KEY_ENV] = "offline-site"
     env = WebEnv()
