@@ -183,6 +183,9 @@ def evaluate(policy: Policy, config: EvalConfig) -> EvalReport:
             if output is not None:
                 write_jsonl(output, [row], append=True)
             bar.update(1)
+            throughput = getattr(policy, "throughput", None)  # HFPolicy / FastPolicy count generated tokens
+            if throughput is not None:
+                bar.set_postfix_str(f"{throughput.tokens_per_s:.1f} tok/s", refresh=False)
 
         for start in range(0, len(todo), config.chunk_size):
             engine.run(todo[start : start + config.chunk_size], seed=config.seed, on_trajectory=record)
