@@ -236,3 +236,44 @@ def brave_key(monkeypatch) -> str:
     """The name of an environment variable holding the test Brave key."""
     monkeypatch.setenv("RAPO_TEST_BRAVE_KEY", BRAVE_KEY)
     return "RAPO_TEST_BRAVE_KEY"
+
+
+class RawSite:
+    """A bare ``http.server`` on loopback: answers ``routes[path]`` (status, headers, body; 404 for others) and
+    records the Host header and path of every request in ``seen``."""
+
+    def __init__(self):
+        import http.server
+        import threading
+
+        site = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802 - the http.server API
+                site.seen.append((self.headers.get("Host", ""), self.path))
+                status, headers, body = site.routes.get(self.path.partition("?")[0], (404, {}, b""))
+                self.send_response(status)
+                for name, value in {"Content-Length": str(len(body)), **headers}.items():
+                    self.send_header(name, value)
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        self.routes: dict[str, tuple[int, dict[str, str], bytes]] = {}
+        self.seen: list[tuple[str, str]] = []
+        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self._server.server_address[1]
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self._server.shutdown()
+        self._server.server_close()
+
+
+@pytest.fixture
+def raw_site():
+    site = RawSite()
+    yield site
+    site.close()

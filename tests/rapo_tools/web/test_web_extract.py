@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import http.server
-import threading
-
 import lxml.html
 import pytest
 
@@ -27,28 +24,11 @@ def test_title_follows_trafilaturas_order(head, body, title):
     assert page_title(document) == title
 
 
-class Latin1Handler(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):  # noqa: N802 - the http.server API
-        body = ("<html><head><title>Zürich</title></head><body><article><h1>Zürich</h1><p>Zürich liegt am "
-                "Zürichsee, die größte Stadt der Schweiz.</p></article></body></html>").encode("iso-8859-1")
-        self.send_response(200)
-        self.send_header("Content-Type", 'text/html; charset="ISO-8859-1"')
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args):
-        pass
-
-
-def test_the_declared_charset_decodes_the_page():
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Latin1Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        with BrowseTool({"allow_private": True, "timeout_s": 3.0}) as tool:
-            result = tool.call(f"http://127.0.0.1:{server.server_address[1]}/")
-    finally:
-        server.shutdown()
-        server.server_close()
+def test_the_declared_charset_decodes_the_page(raw_site):
+    body = ("<html><head><title>Zürich</title></head><body><article><h1>Zürich</h1><p>Zürich liegt am "
+            "Zürichsee, die größte Stadt der Schweiz.</p></article></body></html>").encode("iso-8859-1")
+    raw_site.routes["/"] = (200, {"Content-Type": 'text/html; charset="ISO-8859-1"'}, body)
+    with BrowseTool({"allow_private": True, "timeout_s": 3.0}) as tool:
+        result = tool.call(f"http://127.0.0.1:{raw_site.port}/")
     assert result.ok, result.text
     assert "Title: Zürich" in result.text and "die größte Stadt" in result.text
