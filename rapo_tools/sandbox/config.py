@@ -49,7 +49,8 @@ class SandboxConfig:
     cpu_s: int = 10
     """CPU seconds per process of a call (RLIMIT_CPU)."""
     memory_mb: int = 1024
-    """Address space (MiB) a call may allocate on top of what the warm worker already maps (RLIMIT_AS)."""
+    """Address space (MiB) a call may allocate on top of what the warm worker already maps (RLIMIT_AS, per
+    process); with ``memory_cgroup``, all processes of a call together are capped too."""
     max_processes: int = 64
     """Processes and threads a call may run at once (RLIMIT_NPROC; enforced because the code runs as a
     dedicated unprivileged uid, also when rapo itself runs as root)."""
