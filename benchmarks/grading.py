@@ -1,6 +1,6 @@
 """Answer-checking throughput: one math-verify worker behind one lock (before issue #21) vs a pool of workers.
 
-Run: ``python benchmarks/grading.py [--rounds 3] [--workers 4]``. A batch of 256 mixed answer checks built
+Run: ``python benchmarks/grading.py [--rounds 3] [--workers N]``. A batch of 256 mixed answer checks built
 from MATH500's gold answers (rewritten equal forms, wrong values, symbolic forms) is graded from 8 threads,
 as rollout threads and vector envs do. A pool of one worker is exactly the old design (one child process,
 one global queue), so both systems run the same code in the same run, interleaved over rounds. Each round
@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from _report import report
-from rapo_env.rewards.equivalence import VerifierPool
+from rapo_env.rewards.equivalence import VerifierPool, default_pool_size
 
 DATA = Path(os.environ.get("RAPO_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
 
@@ -52,7 +52,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--checks", type=int, default=256)
     parser.add_argument("--threads", type=int, default=8)
-    parser.add_argument("--workers", type=int, default=4, help="pool size of the 'after' system")
+    parser.add_argument("--workers", type=int, default=default_pool_size(),
+                        help="pool size of the 'after' system (default: what answers_equivalent uses here)")
     args = parser.parse_args()
     checks = mixed_checks(args.checks)
     systems = {"before: 1 worker, one lock": 1, f"after: pool of {args.workers}": args.workers}

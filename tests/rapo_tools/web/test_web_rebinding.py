@@ -71,3 +71,53 @@ def test_every_redirect_hop_is_checked_at_connection(internal_site):
         result = tool.call(f"http://site.test:{port}/hop")
     assert result.error == "blocked_address" and "rebind.test" in result.text
     assert [path for _, path in internal_site.seen] == ["/hop"]  # /secret was never asked for
+
+
+@pytest.fixture
+def tls_listener(tmp_path):
+    """A TLS socket on loopback with a self-signed certificate, recording the server name (SNI) of each hello."""
+    import datetime
+    import socket
+    import ssl
+    import threading
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "site.test")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    certificate = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+                   .serial_number(1).not_valid_before(now).not_valid_after(now + datetime.timedelta(days=1))
+                   .sign(key, hashes.SHA256()))
+    (tmp_path / "cert.pem").write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
+    (tmp_path / "key.pem").write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                                         serialization.NoEncryption()))
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(tmp_path / "cert.pem", tmp_path / "key.pem")
+    names: list[str | None] = []
+    context.sni_callback = lambda _socket, server_name, _context: names.append(server_name)
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def serve():
+        connection, _ = listener.accept()
+        try:
+            with context.wrap_socket(connection, server_side=True):
+                pass
+        except (ssl.SSLError, OSError):
+            pass  # the client refuses the self-signed certificate, after sending its hello
+
+    threading.Thread(target=serve, daemon=True).start()
+    yield listener.getsockname()[1], names
+    listener.close()
+
+
+def test_tls_goes_to_the_checked_address_with_the_original_server_name(tls_listener):
+    port, names = tls_listener
+    resolver = resolver_for({"site.test": [["127.0.0.1"]]})
+    with BrowseTool({"allowed_origins": (f"https://site.test:{port}",), "timeout_s": 3.0}, resolver=resolver) as tool:
+        result = tool.call(f"https://site.test:{port}/")
+    assert names == ["site.test"]  # SNI names the URL's host, although the socket went to 127.0.0.1
+    assert not result.ok and "CERTIFICATE_VERIFY_FAILED" in result.text  # and the certificate is checked against it
