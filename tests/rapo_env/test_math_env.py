@@ -95,7 +95,7 @@ def test_make_overrides_dataset_split_limits_and_reward(shared_data):
                    reward="reference", sandbox="subprocess")
     prompt, _ = env.reset(seed=0, options={"task_index": 0})
     assert prompt.startswith("Janet") and env.unwrapped.max_tool_calls == 5
-    assert env.step("<answer>\\boxed{18}</answer>")[1] == 1.0
+    assert env.step("<think>t</think><answer>\\boxed{18}</answer>")[1] == 1.0  # the reference needs a <think>
     env.close()
     test_split = gym.make("RAPO-Math-v0", split="test", num_tasks=3, sandbox="subprocess")
     assert test_split.unwrapped.tasks[0].id.startswith("procmath-s104729")

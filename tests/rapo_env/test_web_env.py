@@ -127,7 +127,7 @@ def test_tool_failures_become_observations(env):
     assert "only http and https" in obs and info["tool_ok"] is False and info["tool_error"] == "bad_input"
     obs, *_, info = env.step("<browse>http://127.0.0.1:9/</browse>")
     assert info["tool_error"] == "blocked_address"  # only the offline site's origin is open
-    obs, reward, terminated, truncated, info = env.step("<answer>\\boxed{nobody}</answer>")
+    obs, reward, terminated, truncated, info = env.step("<think>t</think><answer>\\boxed{nobody}</answer>")
     assert terminated and reward == 0.0 and info["metrics"]["f1"] == 0.0
 
 
