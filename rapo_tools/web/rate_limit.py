@@ -73,25 +73,28 @@ class RateLimiter:
         """Refill, take ``take`` tokens (and push the budget ``pause_s`` into debt); the wait the taker owes."""
         if self._connections is None:
             with self._lock:
-                tokens, wait_s = self._advance(*self._state, take, pause_s)
-                self._state = (tokens, time.time())
+                now = time.time()
+                tokens, wait_s = self._advance(*self._state, now, take, pause_s)
+                self._state = (tokens, now)
                 return wait_s
         connection = self._connections.get()
         connection.execute("BEGIN IMMEDIATE")  # the write lock first: one process at a time reads and writes
         try:
             row = connection.execute("SELECT tokens, updated FROM rate_budgets WHERE name = ?", (self.name,)).fetchone()
-            tokens, wait_s = self._advance(*(row or (float(self.burst), time.time())), take, pause_s)
+            now = time.time()
+            tokens, wait_s = self._advance(*(row or (float(self.burst), now)), now, take, pause_s)
             connection.execute("INSERT OR REPLACE INTO rate_budgets (name, tokens, updated) VALUES (?, ?, ?)",
-                               (self.name, tokens, time.time()))
+                               (self.name, tokens, now))
             connection.commit()
         except BaseException:
             connection.rollback()
             raise
         return wait_s
 
-    def _advance(self, tokens: float, updated: float, take: float, pause_s: float | None) -> tuple[float, float]:
+    def _advance(self, tokens: float, updated: float, now: float, take: float, pause_s: float | None
+                 ) -> tuple[float, float]:
         # Wall-clock time, not monotonic: the state is read by other processes.
-        tokens = min(float(self.burst), tokens + max(0.0, time.time() - updated) * self.rate_per_s) - take
+        tokens = min(float(self.burst), tokens + max(0.0, now - updated) * self.rate_per_s) - take
         if pause_s is not None:
             tokens = min(tokens, 1.0 - pause_s * self.rate_per_s)  # the next taker waits ``pause_s``
         return tokens, max(0.0, -tokens / self.rate_per_s)

@@ -81,6 +81,7 @@ def tls_listener(tmp_path):
     import ssl
     import threading
 
+    pytest.importorskip("cryptography", reason="the self-signed test certificate is made with cryptography")
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec
