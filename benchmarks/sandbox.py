@@ -15,9 +15,15 @@ sees, waiting for a free worker included. With ``--repeats N`` every figure is t
 of N whole runs. Writes ``benchmarks/results/sandbox.json`` (every run, the medians, the
 verdicts and the load average before and after).
 
+With ``--before-tree DIR`` (a checkout of an older commit, e.g. ``git worktree add /tmp/old
+<commit>``), the same run also measures that checkout's local and ``python -c`` backends, in a
+helper process, cell by cell between this tree's cells, and prints the now/before ratios: what a
+change (issue #15's hardening, say) costs per call.
+
 Example:
     python benchmarks/sandbox.py --quick
     flock /tmp/bench.lock python benchmarks/sandbox.py --repeats 3
+    git worktree add /tmp/old HEAD~3 && python benchmarks/sandbox.py --quick --before-tree /tmp/old
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -85,13 +92,89 @@ async def warm(executor, code: str, calls: int) -> None:
     await asyncio.gather(*(executor.run(code) for _ in range(calls)))
 
 
+def make_executors(pool_size: int | None, light_pool_size: int | None) -> dict:
+    """The local backend (both pools started and warm) and the ``python -c`` baseline."""
+    local = make_executor(SandboxConfig(backend="local", pool_size=pool_size, light_pool_size=light_pool_size,
+                                        timeout_s=30))
+    for snippet in ("pass", "import sympy"):  # start and warm both pools (light and full) before timing
+        for _ in range(2):
+            run_sync(warm(local, snippet, max(local.config.workers, local.config.light_workers)))
+    return {"local": local, "python -c": make_executor(SandboxConfig(backend="subprocess", timeout_s=60))}
+
+
+def in_process(executor):
+    """A cell measurer for an executor of this process."""
+    return lambda code, calls, concurrency: run_sync(measure(executor, code, calls, concurrency))
+
+
+# Runs in an older checkout (argv: its directory, this file, the pool sizes as JSON): its rapo_tools is imported
+# first, so that this file's functions, loaded next, measure that checkout's executors. One JSON line per cell.
+_BEFORE_HELPER = r"""
+import importlib.util, json, sys
+tree, here, sizes = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+sys.path.insert(0, tree)
+import rapo_tools.sandbox
+spec = importlib.util.spec_from_file_location("sandbox_benchmark", here)
+bench = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(bench)
+executors = bench.make_executors(*sizes)
+print(json.dumps({"isolated": executors["local"].isolated, "module": rapo_tools.sandbox.__file__}), flush=True)
+for line in sys.stdin:
+    cell = json.loads(line)
+    print(json.dumps(bench.in_process(executors[cell["backend"]])(cell["code"], cell["calls"], cell["concurrency"])),
+          flush=True)
+bench.run_sync(executors["local"].aclose())
+"""
+
+
+class BeforeTree:
+    """The backends of an older checkout, measured in a helper process one cell at a time."""
+
+    def __init__(self, tree: Path, pool_size: int | None, light_pool_size: int | None) -> None:
+        if not (tree / "rapo_tools" / "sandbox").is_dir():
+            raise SystemExit(f"--before-tree {tree}: not a rapo checkout (no rapo_tools/sandbox there)")
+        self.process = subprocess.Popen(
+            [sys.executable, "-c", _BEFORE_HELPER, str(tree), str(Path(__file__).resolve()),
+             json.dumps([pool_size, light_pool_size])],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=tree,
+        )
+        self.facts = self._answer()
+
+    def _answer(self) -> dict:
+        assert self.process.stdout  # created with PIPE above
+        line = self.process.stdout.readline()
+        if not line:
+            raise SystemExit("the --before-tree helper stopped (see its error above)")
+        return json.loads(line)
+
+    def measurer(self, backend: str):
+        """A cell measurer for ``backend`` of the older checkout."""
+        def measure_there(code: str, calls: int, concurrency: int) -> dict:
+            assert self.process.stdin  # created with PIPE above
+            self.process.stdin.write(json.dumps({"backend": backend, "code": code, "calls": calls,
+                                                 "concurrency": concurrency}) + "\n")
+            self.process.stdin.flush()
+            return self._answer()
+        return measure_there
+
+    def close(self) -> None:
+        assert self.process.stdin  # created with PIPE above
+        self.process.stdin.close()
+        self.process.wait(timeout=120)
+
+
+BEFORE = " (before)"
+"""Suffix of the backends of the ``--before-tree`` checkout."""
+
+
 def call_counts(quick: bool) -> dict[tuple[str, str], int]:
     """Calls per (backend, snippet): enough for stable medians, bounded for the slow baseline."""
     scale = 0.25 if quick else 1.0
     counts = {}
     for snippet in SNIPPETS:
-        counts[("local", snippet)] = int((100 if snippet == "c_loop50ms" else 400) * scale)
-        counts[("python -c", snippet)] = int((16 if snippet == "b_sympy" else 48) * scale)
+        for suffix in ("", BEFORE):
+            counts[("local" + suffix, snippet)] = int((100 if snippet == "c_loop50ms" else 400) * scale)
+            counts[("python -c" + suffix, snippet)] = int((16 if snippet == "b_sympy" else 48) * scale)
     return counts
 
 
@@ -100,12 +183,12 @@ TARGET_THROUGHPUT_RATIO = 20.0
 TARGET_P50_MS = 15.0
 
 
-def run_once(executors: dict, counts: dict[tuple[str, str], int], label: str) -> list[dict]:
-    """Every (backend, snippet, concurrency) cell once; returns one row per cell."""
-    cells = [(name, snippet, concurrency) for snippet in SNIPPETS for concurrency in CONCURRENCY for name in executors]
+def run_once(measurers: dict, counts: dict[tuple[str, str], int], label: str) -> list[dict]:
+    """Every (backend, snippet, concurrency) cell once, the backends interleaved; returns one row per cell."""
+    cells = [(name, snippet, concurrency) for snippet in SNIPPETS for concurrency in CONCURRENCY for name in measurers]
     rows = []
     for name, snippet, concurrency in tqdm(cells, desc=label):
-        figures = run_sync(measure(executors[name], SNIPPETS[snippet], counts[(name, snippet)], concurrency))
+        figures = measurers[name](SNIPPETS[snippet], counts[(name, snippet)], concurrency)
         rows.append({"backend": name, "snippet": snippet, "concurrency": concurrency, **figures})
     return rows
 
@@ -151,24 +234,28 @@ def main() -> int:
     parser.add_argument("--pool-size", type=int, default=None, help="warm workers of the local backend")
     parser.add_argument("--light-pool-size", type=int, default=None, help="light warm workers of the local backend")
     parser.add_argument("--output", type=Path, default=Path(__file__).parent / "results" / "sandbox.json")
+    parser.add_argument("--before-tree", type=Path, default=None,
+                        help="an older checkout whose backends are measured in the same run, for now/before ratios")
     args = parser.parse_args()
 
-    local = make_executor(SandboxConfig(backend="local", pool_size=args.pool_size, light_pool_size=args.light_pool_size,
-                                        timeout_s=30))
-    baseline = make_executor(SandboxConfig(backend="subprocess", timeout_s=60))
-    executors = {"local": local, "python -c": baseline}
-    for snippet in ("pass", "import sympy"):  # start and warm both pools (light and full) before timing
-        for _ in range(2):
-            run_sync(warm(local, snippet, max(local.config.workers, local.config.light_workers)))
+    executors = make_executors(args.pool_size, args.light_pool_size)
+    local = executors["local"]
+    measurers = {name: in_process(executor) for name, executor in executors.items()}
+    before = BeforeTree(args.before_tree.resolve(), args.pool_size, args.light_pool_size) if args.before_tree else None
+    if before:
+        measurers.update({name + BEFORE: before.measurer(name) for name in executors})
 
     counts = call_counts(args.quick)
     load_before = os.getloadavg()
-    runs = [run_once(executors, counts, f"sandbox benchmark, run {i + 1}/{args.repeats}") for i in range(args.repeats)]
+    runs = [run_once(measurers, counts, f"sandbox benchmark, run {i + 1}/{args.repeats}") for i in range(args.repeats)]
     load_after = os.getloadavg()
     run_sync(local.aclose())
+    if before:
+        before.close()
 
     rows = median_rows(runs)
     ratios = compare(rows)
+    changes = compare_before(rows) if before else []
     report = {
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": sys.version.split()[0],
                     "load_average_before": load_before, "load_average_after": load_after},
@@ -181,11 +268,14 @@ def main() -> int:
                     "p50_ms": TARGET_P50_MS},
         "rows": rows,
         "ratios": ratios,
+        "before_tree": {"path": str(args.before_tree), **before.facts, "now_vs_before": changes} if before else None,
         "runs": runs,
     }
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(report, indent=2))
     print_table(rows, ratios)
+    if before:
+        print_before_table(changes, args.before_tree)
     print_verdicts(rows, ratios, local.isolated)
     print(f"pool size {local.config.workers} (light {local.config.light_workers}); {args.repeats} run(s), "
           f"medians shown; load average (1, 5, 15 min) {_load(load_before)} before, {_load(load_after)} after; "
@@ -215,6 +305,37 @@ def print_verdicts(rows: list[dict], ratios: list[dict], isolated: bool) -> None
             line += (f"; at c{ratio['concurrency']} that p50 needs ~{needed:.0f} execs/s, "
                      f"measured {mine['execs_per_s']:.0f}")
         print(line)
+
+
+def compare_before(rows: list[dict]) -> list[dict]:
+    """Per backend, snippet and concurrency: this tree's figures over the older checkout's."""
+    changes = []
+    for backend in ("local", "python -c"):
+        for snippet in SNIPPETS:
+            for concurrency in CONCURRENCY:
+                now, then = (find_row(rows, backend + suffix, snippet, concurrency) for suffix in ("", BEFORE))
+                changes.append({"backend": backend, "snippet": snippet, "concurrency": concurrency,
+                                "execs_per_s_now": now["execs_per_s"], "execs_per_s_before": then["execs_per_s"],
+                                "throughput_now_over_before": now["execs_per_s"] / then["execs_per_s"],
+                                "p50_ms_now": now["p50_ms"], "p50_ms_before": then["p50_ms"]})
+    return changes
+
+
+def print_before_table(changes: list[dict], tree: Path) -> None:
+    """One line per backend, snippet and concurrency: now against the older checkout."""
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"now vs before ({tree}), measured interleaved in the same run")
+    for column in ("backend", "snippet", "conc", "exec/s now", "exec/s before", "now/before", "p50 ms now",
+                   "p50 ms before"):
+        table.add_column(column, justify="right")
+    for change in changes:
+        table.add_row(change["backend"], change["snippet"], str(change["concurrency"]),
+                      f"{change['execs_per_s_now']:.1f}", f"{change['execs_per_s_before']:.1f}",
+                      f"{change['throughput_now_over_before']:.2f}", f"{change['p50_ms_now']:.1f}",
+                      f"{change['p50_ms_before']:.1f}")
+    Console(width=160).print(table)
 
 
 def print_table(rows: list[dict], ratios: list[dict]) -> None:

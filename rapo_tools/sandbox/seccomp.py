@@ -14,7 +14,8 @@ under it. It refuses, with EPERM unless said otherwise:
 - memory that no rlimit counts: ``memfd_create``, ``memfd_secret``;
 - the usual exploit primitives: io_uring (its operations bypass this filter), ``userfaultfd``, ``bpf``,
   ``perf_event_open``, ``ptrace``, ``process_vm_readv``/``writev``, ``kcmp``, ``pidfd_getfd``, module
-  loading, kexec, ``personality`` other than the default or a query;
+  loading, kexec, ``open_by_handle_at`` (a classic container escape), ``syslog`` (the host's kernel log),
+  ``personality`` other than the default or a query;
 - sockets other than IPv4/IPv6 (EAFNOSUPPORT): no unix sockets, so no host socket is reachable through
   the read-only filesystem, and no netlink, packet, vsock (which crosses a VM's boundary) or crypto sockets.
   ``socketpair`` stays allowed: it reaches nothing outside the call.
@@ -48,6 +49,7 @@ DENIED = (
     "io_uring_setup", "io_uring_enter", "io_uring_register", "userfaultfd", "bpf", "perf_event_open",
     "ptrace", "process_vm_readv", "process_vm_writev", "kcmp", "pidfd_getfd",
     "init_module", "finit_module", "delete_module", "kexec_load", "kexec_file_load",
+    "open_by_handle_at", "syslog",
 )
 
 _X86_64 = {
@@ -61,7 +63,7 @@ _X86_64 = {
     "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427, "userfaultfd": 323, "bpf": 321,
     "perf_event_open": 298, "ptrace": 101, "process_vm_readv": 310, "process_vm_writev": 311, "kcmp": 312,
     "pidfd_getfd": 438, "init_module": 175, "finit_module": 313, "delete_module": 176, "kexec_load": 246,
-    "kexec_file_load": 320,
+    "kexec_file_load": 320, "open_by_handle_at": 304, "syslog": 103,
     "clone": 56, "clone3": 435, "socket": 41, "personality": 135,
 }
 
@@ -76,7 +78,7 @@ _AARCH64 = {
     "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427, "userfaultfd": 282, "bpf": 280,
     "perf_event_open": 241, "ptrace": 117, "process_vm_readv": 270, "process_vm_writev": 271, "kcmp": 272,
     "pidfd_getfd": 438, "init_module": 105, "finit_module": 273, "delete_module": 106, "kexec_load": 104,
-    "kexec_file_load": 294,
+    "kexec_file_load": 294, "open_by_handle_at": 265, "syslog": 116,
     "clone": 220, "clone3": 435, "socket": 198, "personality": 92,
 }
 

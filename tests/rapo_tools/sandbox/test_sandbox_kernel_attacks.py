@@ -85,6 +85,8 @@ REFUSED = {
         "personality-no-randomize": (135, 0x0040000),
         "finit_module": (313, 0, "b''", 0),
         "kexec_load": (246, 0, 0, 0, 0),
+        "open_by_handle_at": (304, -100, "BUF", 0),
+        "syslog-read-all": (103, 3, "BUF", 4096),
     },
 }
 
@@ -184,6 +186,26 @@ def test_rlimits_cannot_be_raised(target, healthy):
     )
     result = target.run_sync(code)
     assert result.ok and result.text == "[]\n", result.text
+    healthy(target)
+
+
+def test_realtime_scheduling_is_refused(target, healthy):
+    # A real-time spinner would starve the host's own processes: RLIMIT_RTPRIO is 0 and no CAP_SYS_NICE is left.
+    code = (
+        "import os\nrefused = []\n"
+        "for policy in (os.SCHED_FIFO, os.SCHED_RR):\n"
+        "    try:\n"
+        "        os.sched_setscheduler(0, policy, os.sched_param(1))\n"
+        "    except PermissionError:\n"
+        "        refused.append(policy)\n"
+        "try:\n"
+        "    os.setpriority(os.PRIO_PROCESS, 0, -10)\n"
+        "except PermissionError:\n"
+        "    refused.append('nice')\n"
+        "print(len(refused))"
+    )
+    result = target.run_sync(code)
+    assert result.ok and result.text == "3\n", result.text
     healthy(target)
 
 
