@@ -181,6 +181,10 @@ class RAPOTrainer:
             grad_clip=optim.grad_clip,
             autocast_dtype=self.autocast_dtype,
         )
+        one_step = optim.ppo_epochs == 1 and optim.ppo_mini_batch_size == optim.train_batch_size
+        if self._recomputes_old_logprobs and one_step:
+            # One optimiser step per batch: the update's own forward pass gives the recomputed logp_old.
+            self.update_settings.old_logprobs_from_current = True
         self._heldout: HeldoutEvaluator | None = None
         self.profile: dict[str, float] = {"prepare": time.perf_counter() - prepare_started}
 
@@ -313,7 +317,7 @@ class RAPOTrainer:
             # zero-variance groups do.
             update_stats = {"optim/skipped_zero_advantage": 1.0, "time/update_s": 0.0}
         else:
-            if config.optim.recompute_old_logprobs or needs_logprob_correction(self.policy):
+            if self._recomputes_old_logprobs and not self.update_settings.old_logprobs_from_current:
                 batch.old_logprobs = recompute_logprobs(self.model, batch, self.update_settings)
             update_stats = ppo_update(self.model, self.optimizer, batch, algorithm, self.update_settings,
                                       self.reference_model)
@@ -423,6 +427,12 @@ class RAPOTrainer:
         """Steps of the run: ``total_steps``, capped by ``total_epochs`` passes over the questions."""
         optim = self.config.optim
         return min(optim.total_steps, optim.total_epochs * self.sampler.batches_per_epoch)
+
+    @property
+    def _recomputes_old_logprobs(self) -> bool:
+        """Whether ``logp_old`` comes from the trained module rather than the rollout engine (asked for, or the
+        engine's log-probs are inexact)."""
+        return self.config.optim.recompute_old_logprobs or needs_logprob_correction(self.policy)
 
     def _add_time(self, phase: str, seconds: float) -> None:
         self.profile[phase] = self.profile.get(phase, 0.0) + seconds

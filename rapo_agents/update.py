@@ -106,6 +106,10 @@ class UpdateSettings:
     """Global gradient-norm clip."""
     autocast_dtype: torch.dtype | None = None
     """Forward under autocast to this dtype (bfloat16 on GPU), or None."""
+    old_logprobs_from_current: bool = False
+    """Take ``logp_old`` from the update's own forward pass (detached) instead of ``batch.old_logprobs``. Exactly what
+    `recompute_logprobs` gives when the update is one optimiser step (one epoch, one mini-batch), without its
+    extra forward pass; wrong for any longer schedule, where the weights move between mini-batches."""
 
 
 def autocast_context(device: torch.device, dtype: torch.dtype | None):
@@ -189,8 +193,10 @@ def ppo_update(
                         with torch.no_grad():
                             reference = sequence_logprobs(reference_model, micro.input_ids,
                                                           micro.attention_mask, first).logprobs
+                old_logprobs = (current.logprobs.detach() * micro.loss_mask if settings.old_logprobs_from_current
+                                else micro.old_logprobs)
                 out = rapo_policy_loss(
-                    current.logprobs, micro.old_logprobs, micro.advantages, micro.loss_mask, micro.f_ret,
+                    current.logprobs, old_logprobs, micro.advantages, micro.loss_mask, micro.f_ret,
                     config, ref_logp=reference, entropies=current.entropies,
                 )
                 share = micro_batch_weight(config.loss_weighting, micro.loss_mask, batch.loss_mask[rows])

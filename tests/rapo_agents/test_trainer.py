@@ -132,6 +132,20 @@ def test_gradient_accumulation_equals_one_big_batch():
     assert base_stats["loss/approx_kl"] == pytest.approx(0.0, abs=1e-6)
 
 
+def test_a_one_step_update_takes_logp_old_from_its_own_forward_pass_exactly_as_a_recompute_would():
+    model = tiny_model()
+    batch = _batch(model)
+    batch.old_logprobs = batch.old_logprobs + 0.3  # an inexact rollout engine's log-probs
+    recomputed, shortcut = copy.deepcopy(model), copy.deepcopy(model)
+    settings = UpdateSettings(mini_batch_rows=8, micro_batch_size=3)
+    corrected = dataclasses.replace(batch, old_logprobs=recompute_logprobs(recomputed, batch, settings))
+    ppo_update(recomputed, torch.optim.AdamW(recomputed.parameters(), lr=1e-2), corrected, RAPOConfig(), settings)
+    ppo_update(shortcut, torch.optim.AdamW(shortcut.parameters(), lr=1e-2), batch, RAPOConfig(),
+               dataclasses.replace(settings, old_logprobs_from_current=True))
+    torch.testing.assert_close(torch.nn.utils.parameters_to_vector(shortcut.parameters()),
+                               torch.nn.utils.parameters_to_vector(recomputed.parameters()), atol=1e-6, rtol=1e-5)
+
+
 def test_mini_batches_and_epochs_take_several_optimizer_steps():
     model = tiny_model()
     batch = _batch(model)
