@@ -56,6 +56,7 @@ def compute_rapo_outcome_advantage(
     config: Any = None,
     retrieval_reward: torch.Tensor | None = None,
     advantage_weight: float = 0.2,
+    norm_adv_by_std_in_grpo: bool | None = None,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """RAPO's fused advantage (spec §6) broadcast over each response, as verl's estimators return it.
@@ -65,9 +66,11 @@ def compute_rapo_outcome_advantage(
         response_mask: ``(bs, response_length)`` 1 on response tokens.
         index: ``(bs,)`` group key of each row (verl's ``uid``: one per question).
         epsilon: added to the group stds.
-        config: verl's ``AlgoConfig`` (unused: RAPO's knobs come as arguments, verl's config has no room for them).
+        config: verl's ``AlgoConfig``; only its ``norm_adv_by_std_in_grpo`` is read (RAPO's own knobs come as
+            arguments, verl's config has no room for them).
         retrieval_reward: ``(bs,)`` ``Z_ret`` of each rollout; None means 0 (GRPO).
         advantage_weight: ``a`` in ``A_acc * (1 + a * A_ret)``.
+        norm_adv_by_std_in_grpo: False only centres ``R`` and ``Z_ret`` (Dr.GRPO); None: ``config``'s, else True.
         **kwargs: other keyword arguments verl passes to every estimator (e.g. ``reward_baselines``); ignored.
 
     Returns:
@@ -77,9 +80,13 @@ def compute_rapo_outcome_advantage(
     if len(index) != rewards.shape[0]:
         raise ValueError(f"index has {len(index)} entries for {rewards.shape[0]} rows")
     z_ret = torch.zeros_like(rewards) if retrieval_reward is None else retrieval_reward.to(rewards)
+    norm_by_std = norm_adv_by_std_in_grpo
+    if norm_by_std is None:
+        norm_by_std = True if config is None else bool(config.get("norm_adv_by_std_in_grpo", True))
     with torch.no_grad():
         advantages = rapo_advantages(
-            rewards, z_ret, group_ids(index).to(rewards.device), advantage_weight=advantage_weight, eps=epsilon
+            rewards, z_ret, group_ids(index).to(rewards.device), advantage_weight=advantage_weight, eps=epsilon,
+            norm_by_std=norm_by_std,
         )
         advantages = advantages.unsqueeze(-1) * response_mask
     return advantages, advantages
