@@ -151,6 +151,55 @@ def test_many_processes_cannot_add_up_past_the_memory_cgroup(memory_sandbox, hea
     healthy(memory_sandbox)
 
 
+def _worker_memory_bytes(sandbox: PythonSandbox) -> int | None:
+    """What the memory cgroup of ``sandbox``'s (one) full worker holds now; None where there is none (v1 only)."""
+    uid = int(sandbox.run_sync("import os\nos.getuid()").text)
+    for name in os.listdir("/proc"):
+        try:
+            if name.isdigit() and os.stat(f"/proc/{name}").st_uid == uid:
+                with open(f"/proc/{name}/cgroup") as handle:
+                    path = next(line.split(":", 2)[2].strip() for line in handle if ":memory:" in line)
+                with open(f"/sys/fs/cgroup/memory{path}/memory.usage_in_bytes") as handle:
+                    return int(handle.read())
+        except (OSError, StopIteration):
+            continue
+    return None
+
+
+# Everything a call could leave holding memory: a SysV segment, scratch files, a leftover process.
+LEAVE_MEMORY_BEHIND = (
+    "import ctypes, os, time\nlibc = ctypes.CDLL(None, use_errno=True)\nlibc.shmat.restype = ctypes.c_void_p\n"
+    "segment = libc.shmget(0, 64 << 20, 0o1600)\n"
+    "if segment != -1:\n"
+    "    ctypes.memset(libc.shmat(segment, None, 0), 1, 64 << 20)\n"
+    "for directory in ('/tmp', '/dev/shm'):\n"
+    "    try:\n"
+    "        open(f'{directory}/ballast', 'wb').write(b'1' * (12 << 20))\n"
+    "    except OSError:\n"
+    "        pass\n"
+    "if os.fork() == 0:\n"
+    "    os.setsid()\n"
+    "    ballast = bytearray(64 << 20)\n"
+    "    time.sleep(30)\n"
+    "print('left')"
+)
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not os.path.isdir("/sys/fs/cgroup/memory"),
+                    reason="reads the worker's cgroup v1 memory counter (root)")
+def test_no_memory_stays_held_after_the_calls(memory_sandbox, healthy):
+    # The red team: four calls with memory_mb=256 left 1 GiB resident, until the worker died.
+    before = _worker_memory_bytes(memory_sandbox)
+    if before is None:
+        pytest.skip("the worker has no memory cgroup here")
+    for _ in range(4):
+        result = memory_sandbox.run_sync(LEAVE_MEMORY_BEHIND)
+        assert result.ok and result.text == "left\n", result.text
+    healthy(memory_sandbox)
+    after = _worker_memory_bytes(memory_sandbox)
+    assert after is not None and after - before < 32 << 20, (before, after)
+
+
 def test_an_inode_flood_is_capped_and_the_next_call_is_unharmed(target, healthy):
     # 60,000 empty directories took well under a second; their quadratic clean-up then broke the next call.
     code = (
