@@ -1,105 +1,174 @@
-"""RAPO against GRPO on the embedded defaults: same seeds, same questions, same budget; curves as PNG + JSON.
+"""The learning benchmark: held-out accuracy of RAPO against GRPO, with the warm-up-only policy as the floor.
 
-Both runs are `rapo train` on SmolLM2-135M-Instruct and procedural math; GRPO is the same trainer with
-``retrieval.enabled=false`` (``configs/grpo.yaml``); ``--methods`` adds the other baselines of ``configs/``
-(ARPO-style branching rollouts, plain on-policy). They share the seed, so they see the same questions in the
-same order and the same sampling seeds; only the retrieval splices (and what they change) differ. Reported per
-run: reward, accuracy and format rate over steps (curves), and their means over the first and the last third of
-training.
+Every run is `rapo train` on the embedded defaults (SmolLM2-135M-Instruct, procedural math, the sandboxed python
+tool). GRPO is the same trainer with ``retrieval.enabled=false``. Runs of one seed share everything else: the
+warm-up, the questions in the same order, the sampling seeds and the same budget of steps. The warm-up-only
+floor is the held-out evaluation at step 0, right after the warm-up and before any RL step. It is the same
+policy for RAPO and GRPO of a seed.
 
-    python benchmarks/learning.py            # the defaults of `rapo train` (about 10 min per run on 2 cores)
-    python benchmarks/learning.py --quick    # 3 steps of 2 questions x 4 rollouts, short responses
-    python benchmarks/learning.py --seeds 0 1 --set rollout_n=8   # more seeds, any override
-    python benchmarks/learning.py --quick --methods RAPO GRPO ARPO on-policy
+Two settings are measured:
+
+- **with the warm-up** (the `make run` default);
+- **without it** (``warmup.sft_steps=0``). SmolLM2 then never writes a tool tag by itself, so GRPO sees reward -1
+  everywhere and gets no gradient. RAPO's hybrid rollouts see expert steps spliced into their context. The
+  wrapper retrieves after every generation round, with or without a tool call
+  (``retrieval.retrieve_after=any_round``, as the reference does), so they are shown expert steps even though
+  the model never calls a tool. The benchmark reports whether that gives RAPO rewards (``rollouts with reward >
+  -1``), updates (``updates``) and then held-out accuracy where GRPO has none.
+
+Held-out accuracy is greedy, on the same 100 test questions for every run; curves are the mean over seeds with
+a 95% t-interval across seeds. Everything goes to ``benchmarks/results/learning[_quick].json`` and ``.png``.
+
+    python benchmarks/learning.py              # 3 seeds x {RAPO, GRPO} x {warm-up, none}
+    python benchmarks/learning.py --quick      # 1 seed, 2 steps, 20 held-out questions (a smoke run, minutes)
+    python benchmarks/learning.py --seeds 0 1 2 3 --set total_steps=16
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import math
 import os
+import statistics
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # see rapo_agents/cli/train.py
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # see rapo_cli/train.py
 
 from _report import RESULTS_DIR, report
 
-CURVES = ("reward/mean", "accuracy", "format_rate", "tool_calls/mean", "retrieval/count_mean", "response_tokens/mean")
-CONFIGS = Path(__file__).resolve().parents[1] / "configs"
-METHODS = {"RAPO": "default.yaml", "GRPO": "grpo.yaml", "ARPO": "arpo.yaml", "on-policy": "on_policy.yaml"}
-"""Each method's config; the overrides and the seed apply on top of it."""
-QUICK = ["total_steps=3", "train_batch_size=2", "ppo_mini_batch_size=2", "rollout_n=4",
-         "max_response_tokens=192", "max_turn_tokens=96"]
+METHODS = {"RAPO": [], "GRPO": ["retrieval.enabled=false"]}
+"""Each method's overrides on top of the embedded defaults."""
+SETTINGS = {"warm-up": [], "no warm-up": ["warmup.sft_steps=0"]}
+"""The two starting points."""
+QUICK = ["total_steps=2", "evaluation.heldout_tasks=20"]
 
 
-def run_one(label: str, seed: int, overrides: list[str], output_root: Path) -> list[dict]:
+def run_one(method: str, setting: str, seed: int, overrides: list[str], output_root: Path) -> dict:
+    """Train one run from scratch; its per-step history, held-out evaluations and seconds."""
     from rapo_agents.config import load_config
     from rapo_agents.trainer import RAPOTrainer
 
-    config = load_config(CONFIGS / METHODS[label], [
-        *overrides, f"seed={seed}", "logging.resume=false", "logging.plot=false",
-        f"logging.output_dir={output_root / f'{label.lower()}-seed{seed}'}"])
+    folder = output_root / f"{method.lower()}-{setting.replace(' ', '')}-seed{seed}"
+    config = load_config(None, [*METHODS[method], *SETTINGS[setting], *overrides, f"seed={seed}",
+                                "logging.resume=false", "logging.plot=false", f"logging.output_dir={folder}"])
     trainer = RAPOTrainer(config)
-    return trainer.train().history
+    result = trainer.train()
+    history = result.history
+    difference = result.heldout_difference
+    return {
+        "method": method, "setting": setting, "seed": seed, "folder": str(folder),
+        "heldout": [{"step": e.step, **{k: e.metrics[k] for k in ("eval/accuracy", "eval/accuracy_ci_low",
+                                                                   "eval/accuracy_ci_high", "eval/format_rate")}}
+                    for e in result.heldout],
+        "difference": None if difference is None else vars(difference),
+        "rewarded_rollouts": statistics.fmean(r["reward/above_penalty_rate"] for r in history) if history else 0.0,
+        "updates": sum(1 for r in history if not r.get("optim/skipped_zero_advantage")),
+        "reward_mean": statistics.fmean(r["reward/mean"] for r in history) if history else float("nan"),
+        "seconds": sum(result.profile.values()) - result.profile.get("generate", 0) - result.profile.get("tools", 0),
+    }
 
 
-def phase_mean(history: list[dict], key: str, part: str) -> float:
-    values = [record[key] for record in history if record.get(key) is not None]
-    if not values:
-        return float("nan")
-    third = max(1, len(values) // 3)
-    chosen = values[:third] if part == "first" else values[-third:]
-    return sum(chosen) / len(chosen)
+def mean_and_interval(values: list[float]) -> tuple[float, float]:
+    """Mean and the half-width of a 95% t-interval across seeds (0 for one seed)."""
+    if len(values) < 2:
+        return (values[0] if values else float("nan")), 0.0
+    t_975 = {2: 12.706, 3: 4.303, 4: 3.182, 5: 2.776, 6: 2.571}.get(len(values), 2.262)
+    return statistics.fmean(values), t_975 * statistics.stdev(values) / math.sqrt(len(values))
+
+
+def plot(runs: list[dict], path: Path, title: str) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    settings = list(dict.fromkeys(run["setting"] for run in runs))
+    figure, axes = plt.subplots(1, len(settings), figsize=(5.2 * len(settings), 3.6), squeeze=False)
+    for axis, setting in zip(axes.flat, settings, strict=True):
+        for method in METHODS:
+            chosen = [run for run in runs if run["setting"] == setting and run["method"] == method]
+            if not chosen:
+                continue
+            steps = sorted({point["step"] for run in chosen for point in run["heldout"]})
+            means, halves = [], []
+            for step in steps:
+                values = [p["eval/accuracy"] for run in chosen for p in run["heldout"] if p["step"] == step]
+                mean, half = mean_and_interval(values)
+                means.append(mean)
+                halves.append(half)
+            line, = axis.plot(steps, means, marker="o", label=f"{method} ({len(chosen)} seeds)")
+            axis.fill_between(steps, [m - h for m, h in zip(means, halves, strict=True)],
+                              [m + h for m, h in zip(means, halves, strict=True)], color=line.get_color(), alpha=0.2)
+        axis.set_title(f"{setting}: held-out accuracy (step 0 = warm-up only)", fontsize=9)
+        axis.set_xlabel("RL step")
+        axis.set_ylim(-0.02, 1.02)
+        axis.grid(alpha=0.3)
+        axis.legend(fontsize=8)
+    figure.suptitle(title, fontsize=10)
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return path
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="a few short steps (minutes)")
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0])
+    parser.add_argument("--quick", action="store_true", help="1 seed, 2 steps, 20 held-out questions")
+    parser.add_argument("--seeds", type=int, nargs="+", default=None, help="default: 0 1 2 (0 with --quick)")
+    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
+    parser.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=list(SETTINGS))
     parser.add_argument("--set", nargs="*", default=[], metavar="key=value", help="overrides for every run")
-    parser.add_argument("--methods", nargs="+", default=["RAPO", "GRPO"], choices=list(METHODS))
-    parser.add_argument("--output", default="runs/learning", help="run folders of the methods")
+    parser.add_argument("--output", default="runs/learning", help="where the run folders go")
     args = parser.parse_args()
+    seeds = args.seeds if args.seeds is not None else ([0] if args.quick else [0, 1, 2])
     overrides = (QUICK if args.quick else []) + list(args.set)
-    output_root = Path(args.output)
+    load_before = os.getloadavg()
 
-    from rapo_agents.metrics import plot_curves
-
-    histories: dict[str, list[dict]] = {}
-    for seed in args.seeds:
-        for label in args.methods:
-            histories[f"{label} seed {seed}"] = run_one(label, seed, overrides, output_root)
+    runs = []
+    # Interleaved: every seed runs each method and setting before the next seed starts, so that a change of
+    # machine load spreads over all of them instead of one.
+    for seed in seeds:
+        for setting in args.settings:
+            for method in args.methods:
+                print(f"== {method}, {setting}, seed {seed}")
+                runs.append(run_one(method, setting, seed, overrides, Path(args.output)))
 
     rows = []
-    for name, history in histories.items():
-        row = {"run": name, "steps": len(history)}
-        for key in ("reward/mean", "accuracy", "format_rate"):
-            row[f"{key} first third"] = phase_mean(history, key, "first")
-            row[f"{key} last third"] = phase_mean(history, key, "last")
-        row["retrievals / rollout"] = phase_mean(history, "retrieval/count_mean", "last")
-        row["branches / step"] = phase_mean(history, "rollout/branches", "last")
-        row["seconds / step"] = sum(r["time/step_s"] for r in history) / max(1, len(history))
-        rows.append(row)
+    for setting in args.settings:
+        floor = [run["heldout"][0]["eval/accuracy"] for run in runs
+                 if run["setting"] == setting and run["heldout"] and run["heldout"][0]["step"] == 0]
+        if floor and setting == "warm-up":
+            mean, half = mean_and_interval(floor[:: len(args.methods)])  # one floor per seed
+            rows.append({"setting": setting, "method": "warm-up only", "seeds": len(floor[:: len(args.methods)]),
+                         "accuracy before": mean, "accuracy after": mean, "± across seeds": half})
+        for method in args.methods:
+            chosen = [run for run in runs if run["setting"] == setting and run["method"] == method]
+            before = [run["heldout"][0]["eval/accuracy"] for run in chosen if run["heldout"]]
+            after = [run["heldout"][-1]["eval/accuracy"] for run in chosen if run["heldout"]]
+            deltas = [run["difference"]["mean"] for run in chosen if run["difference"]]
+            mean_after, half = mean_and_interval(after)
+            rows.append({
+                "setting": setting, "method": method, "seeds": len(chosen),
+                "accuracy before": statistics.fmean(before) if before else float("nan"),
+                "accuracy after": mean_after, "± across seeds": half,
+                "difference": statistics.fmean(deltas) if deltas else float("nan"),
+                "seeds with CI > 0": sum(1 for run in chosen if run["difference"] and run["difference"]["low"] > 0),
+                "rollouts with reward > -1": statistics.fmean(run["rewarded_rollouts"] for run in chosen),
+                "updates": statistics.fmean(run["updates"] for run in chosen),
+                "train reward": statistics.fmean(run["reward_mean"] for run in chosen),
+                "seconds / run": statistics.fmean(run["seconds"] for run in chosen),
+            })
     name = "learning_quick" if args.quick else "learning"
-    plot = plot_curves(histories, RESULTS_DIR / f"{name}.png", keys=CURVES,
-                       title=f"{' vs '.join(args.methods)}, embedded defaults (same seeds and budget)")
-    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
-    (RESULTS_DIR / f"{name}_curves.json").write_text(json.dumps(
-        {label: [{key: record.get(key) for key in ("step", *CURVES)} for record in history]
-         for label, history in histories.items()}, indent=1))
-    columns = ["run", "steps", "reward/mean first third", "reward/mean last third", "accuracy first third",
-               "accuracy last third", "format_rate first third", "format_rate last third", "retrievals / rollout",
-               "branches / step", "seconds / step"]
-    last = {label: [r["reward/mean last third"] for r in rows if r["run"].startswith(f"{label} seed")]
-            for label in args.methods}
-    extra = {"overrides": overrides, "seeds": args.seeds, "methods": args.methods, "plot": str(plot)}
-    if last.get("RAPO") and last.get("GRPO"):
-        extra["rapo_minus_grpo_reward_last_third"] = sum(last["RAPO"]) / len(last["RAPO"]) - sum(last["GRPO"]) / len(
-            last["GRPO"])
-    report(name, f"{' vs '.join(args.methods)} on the embedded defaults", columns, rows, extra=extra)
-    print(f"curves: {plot}")
+    picture = plot(runs, RESULTS_DIR / f"{name}.png", f"RAPO vs GRPO, held-out accuracy, seeds {seeds}")
+    columns = ["setting", "method", "seeds", "accuracy before", "accuracy after", "± across seeds", "difference",
+               "seeds with CI > 0", "rollouts with reward > -1", "updates", "train reward", "seconds / run"]
+    report(name, "held-out accuracy (greedy): warm-up only, RAPO and GRPO, same budget", columns, rows,
+           extra={"overrides": overrides, "seeds": seeds, "runs": runs, "plot": str(picture),
+                  "load_average_before": load_before, "load_average_after": os.getloadavg()})
+    print(f"curves: {picture}")
 
 
 if __name__ == "__main__":

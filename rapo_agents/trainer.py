@@ -46,6 +46,7 @@ from rapo_agents.metrics import MetricsLogger, plot_curves, read_metrics
 from rapo_agents.rollout import RolloutEngine, derive_seed, make_env_factory
 from rapo_agents.sampler import QuestionSampler
 from rapo_agents.update import UpdateSettings, needs_logprob_correction, ppo_update, recompute_logprobs
+from rapo_env.rewards.text import FORMAT_PENALTY
 from rapo_env.trajectory import Trajectory, write_jsonl
 
 
@@ -632,6 +633,9 @@ def rollout_metrics(trajectories: Sequence[Trajectory], batch: TrainBatch) -> di
     return {
         "reward/mean": float(rewards.mean()),
         "reward/std": float(rewards.std()) if len(rewards) > 1 else 0.0,
+        # Rollouts whose reward is above the format penalty's floor: the only ones that can carry a gradient
+        # when the rest of their group sits at the floor.
+        "reward/above_penalty_rate": float((rewards > rewards.new_tensor(FORMAT_PENALTY)).double().mean()),
         "accuracy": float(accuracy.mean()),
         "format_rate": float(format_ok.mean()),
         "answered_rate": float(answered.mean()),
