@@ -77,6 +77,7 @@ class RapoPPOTrainer(PPOTrainerSync):
                 "rollout_rs=null, bypass_mode=false"
             )
         self.advantage_weight, self.shaping_weight = rapo_settings(config)
+        self.norm_adv_by_std = bool(algorithm.get("norm_adv_by_std_in_grpo", True))  # false: Dr.GRPO
         super().__init__(config)
 
     def _compute_advantage(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
@@ -107,6 +108,7 @@ class RapoPPOTrainer(PPOTrainerSync):
             uid,
             retrieval_reward=z_ret,
             advantage_weight=self.advantage_weight,
+            norm_adv_by_std_in_grpo=self.norm_adv_by_std,
         )
         output = {
             "advantages": response_to_nested(advantages, nested_mask),

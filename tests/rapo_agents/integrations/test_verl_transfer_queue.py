@@ -195,6 +195,7 @@ def advantage_step(transfer_queue):
 
     trainer = object.__new__(RapoPPOTrainer)  # only the advantage step: no workers, no config
     trainer.advantage_weight, trainer.shaping_weight = ADVANTAGE_WEIGHT, SHAPING_WEIGHT
+    trainer.norm_adv_by_std = True
     metrics: dict[str, float] = {}
     returned = trainer._compute_advantage(batch, metrics)
     fields = ["advantages", "returns", "rollout_is_weights", "response_mask"]
