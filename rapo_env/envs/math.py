@@ -11,21 +11,19 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from rapo_env.core import ToolEnv
+from rapo_env.envs.reward_spec import RewardSpec, resolve_reward
 from rapo_env.prompts import TOOL_DESCRIPTIONS, build_system_prompt
-from rapo_env.rewards import Score
-from rapo_env.rewards.equivalence import MathVerifyReward
-from rapo_env.rewards.text import reference_reward
 from rapo_env.tasks import Task, resolve_tasks
 from rapo_env.tasks.procedural_math import SPLIT_SEEDS, ProceduralMath
 from rapo_tools.python_tool import PythonTool
 from rapo_tools.sandbox import SandboxConfig
 
-RewardSpec = str | Callable[[str, Task], Score]
+MATH_REWARDS = ("math_verify", "reference")
 
 
 class MathEnv(ToolEnv):
@@ -75,20 +73,10 @@ class MathEnv(ToolEnv):
         super().__init__(
             tasks=tasks,
             tools=tools,
-            reward=make_math_reward(reward, tags),
+            reward=resolve_reward(reward, tags, MATH_REWARDS, "RAPO-Math-v0"),
             system_prompt=system_prompt
             or build_system_prompt({tag: TOOL_DESCRIPTIONS[tag] for tag in tags}, max_tool_calls),
             max_tool_calls=max_tool_calls,
             **kwargs,
         )
 
-
-def make_math_reward(reward: RewardSpec, tool_tags: tuple[str, ...]) -> Callable[[str, Task], Score]:
-    """Resolve a math reward name (``math_verify`` or ``reference``) or pass a callable through."""
-    if callable(reward):
-        return reward
-    if reward == "math_verify":
-        return MathVerifyReward(tool_tags)
-    if reward == "reference":
-        return lambda response, task: reference_reward(response, task, tool_tags)
-    raise ValueError(f"unknown math reward {reward!r}; use 'math_verify', 'reference' or a callable")

@@ -30,15 +30,15 @@ import dataclasses
 import hashlib
 import json
 import os
-import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, SupportsFloat
 
 from rapo_env.core import ToolEnv
+from rapo_env.envs.reward_spec import RewardSpec, resolve_reward
+from rapo_env.envs.shared import SHARED
 from rapo_env.prompts import TOOL_DESCRIPTIONS, build_system_prompt
-from rapo_env.rewards import Score
-from rapo_env.rewards.qa import QAReward
+from rapo_env.rewards.qa import QA_REWARD_KINDS
 from rapo_env.tasks import Task, TaskList, resolve_tasks
 from rapo_env.tasks.hotpotqa import hotpotqa_passages, is_hotpotqa_file, load_hotpotqa
 from rapo_env.tasks.knowledge_base import KnowledgeBase, KnowledgeBaseConfig
@@ -50,7 +50,6 @@ from rapo_tools.search.embedding import Embedder
 from rapo_tools.search.tool import SearchTool, SearchToolConfig
 from rapo_tools.search.wiki_search import WikiSearch
 
-RewardSpec = str | Callable[[str, Task], Score]
 QA_TOOLS = ("search", "python")
 
 
@@ -58,21 +57,13 @@ class QADatasetError(ValueError):
     """The dataset has no corpus to search (give ``index_path``, ``corpus_path`` or ``search_url``)."""
 
 
-_shared_lock = threading.Lock()
-_shared_indexes: dict[tuple[str, str, int], WikiSearch] = {}
-
-
 def shared_wiki_search(
     index_path: Path, corpus_path: Path | None = None, embedder: Embedder | None = None
 ) -> WikiSearch:
-    """One loaded `WikiSearch` per index per process, shared by every env (vector envs load the model once)."""
-    key = (str(Path(index_path).resolve()), str(corpus_path or ""), id(embedder))
-    with _shared_lock:
-        wiki = _shared_indexes.get(key)
-        if wiki is None:
-            wiki = WikiSearch.load(index_path, corpus_path, embedder)
-            _shared_indexes[key] = wiki
-        return wiki
+    """One loaded `WikiSearch` per index per process (`rapo_env.envs.shared.SHARED`), shared by every env:
+    vector envs load the model once."""
+    key = ("wiki_search", str(Path(index_path).resolve()), str(corpus_path or ""), id(embedder))
+    return SHARED.get(key, lambda: WikiSearch.load(index_path, corpus_path, embedder))
 
 
 def _hotpotqa_corpus(path: Path, cache_root: Path) -> Path:
@@ -178,7 +169,7 @@ class QAEnv(ToolEnv):
         super().__init__(
             tasks=tasks,
             tools=tool_list,
-            reward=reward if callable(reward) else QAReward(reward, tags),
+            reward=resolve_reward(reward, tags, QA_REWARD_KINDS, "RAPO-QA-v0"),
             system_prompt=system_prompt
             or build_system_prompt({tag: TOOL_DESCRIPTIONS[tag] for tag in tags}, max_tool_calls),
             max_tool_calls=max_tool_calls,

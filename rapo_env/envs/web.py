@@ -23,18 +23,15 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import os
-import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from rapo_env.core import ToolEnv
+from rapo_env.envs.reward_spec import RewardSpec, resolve_reward
+from rapo_env.envs.shared import SHARED
 from rapo_env.prompts import build_system_prompt
-from rapo_env.rewards import Score
-from rapo_env.rewards.judge import LLMJudgeReward
-from rapo_env.rewards.qa import QAReward
-from rapo_env.rewards.text import FORMAT_PENALTY, reference_reward
+from rapo_env.rewards.text import FORMAT_PENALTY
 from rapo_env.tasks import Task, resolve_tasks
 from rapo_env.tasks.knowledge_base import KnowledgeBase, KnowledgeBaseConfig
 from rapo_env.tasks.web_datasets import WEB_DATASET_FILES, knowledge_base_site, load_web_dataset
@@ -49,8 +46,8 @@ from rapo_tools.web.providers.local import LocalProvider
 from rapo_tools.web.search_tool import WebSearchConfig, WebSearchTool
 from rapo_tools.web.website import serve_site
 
-RewardSpec = str | Callable[[str, Task], Score]
 OFFLINE_DATASETS = ("offline",)
+WEB_REWARDS = ("reference", "f1", "em", "judge")
 
 WEB_TOOL_DESCRIPTIONS = {
     "search": "a web search engine: it returns the top pages for your query, each with a title, a URL and a snippet",
@@ -62,13 +59,10 @@ WEB_TOOL_DESCRIPTIONS = {
 class OfflineWeb:
     """The offline web: the procedural knowledge base served as a site on loopback, and its dense index.
 
-    One per (seed, sizes, cache folder) per process, shared by every env that uses it (vector envs load
-    the index once and share one server); the last `release` stops the server. The base and its index
-    are built once and cached on disk by `KnowledgeBase.cached`.
+    One per (seed, sizes, cache folder) per process (`rapo_env.envs.shared.SHARED`), shared by every env that
+    uses it (vector envs load the index once and share one server); the last `release` stops the server. The
+    base and its index are built once and cached on disk by `KnowledgeBase.cached`.
     """
-
-    _lock = threading.Lock()
-    _shared: dict[tuple[Any, ...], OfflineWeb] = {}
 
     def __init__(self, key: tuple[Any, ...], knowledge_base: KnowledgeBase, wiki: WikiSearch):
         self.key = key
@@ -78,33 +72,23 @@ class OfflineWeb:
         site_index = LocalProvider(wiki)
         self.base_url = self._stack.enter_context(serve_site(self.pages, site_index))
         self.provider = site_index.with_url_prefix(self.base_url)
-        self.pid = os.getpid()
-        self._users = 0
 
     @classmethod
     def acquire(
         cls, seed: int, config: KnowledgeBaseConfig | None, cache_dir: Path, embedder: Embedder | None
     ) -> OfflineWeb:
         """The shared offline web of this knowledge base (generated, indexed and served on first use)."""
-        key = (seed, config, str(cache_dir), id(embedder))
-        with cls._lock:
-            web = cls._shared.get(key)
-            if web is None or web.pid != os.getpid():  # a forked worker serves its own copy
-                knowledge_base, index_path = KnowledgeBase.cached(seed, cache_dir, embedder, config)
-                web = cls(key, knowledge_base, shared_wiki_search(index_path, None, embedder))
-                cls._shared[key] = web
-            web._users += 1
-            return web
+        key = ("offline_web", seed, config, str(cache_dir), id(embedder))
+
+        def build() -> OfflineWeb:
+            knowledge_base, index_path = KnowledgeBase.cached(seed, cache_dir, embedder, config)
+            return cls(key, knowledge_base, shared_wiki_search(index_path, None, embedder))
+
+        return SHARED.acquire(key, build)
 
     def release(self) -> None:
         """One user fewer; the last one stops the server."""
-        with self._lock:
-            self._users -= 1
-            if self._users > 0 or self.pid != os.getpid():
-                return
-            if self._shared.get(self.key) is self:
-                del self._shared[self.key]
-        self._stack.close()
+        SHARED.release(self.key, lambda web: web._stack.close())
 
 
 class _ProviderlessSearch(WebSearchTool):
@@ -113,25 +97,6 @@ class _ProviderlessSearch(WebSearchTool):
     def close(self) -> None:
         self.provider = None
         super().close()
-
-
-def make_web_reward(
-    reward: RewardSpec, tool_tags: tuple[str, ...], judge: ChatConfig | dict[str, Any] | None
-) -> Callable[[str, Task], Score]:
-    """Resolve ``reference`` (spec §2), ``f1``, ``em`` or ``judge`` (needs ``judge``), or pass a callable through."""
-    if callable(reward):
-        return reward
-    if reward == "reference":
-        return lambda response, task: reference_reward(response, task, tool_tags)
-    if reward in ("f1", "em"):
-        return QAReward(reward, tool_tags, format_penalty=FORMAT_PENALTY)
-    if reward == "judge":
-        if judge is None:
-            raise ValueError(
-                "reward='judge' needs judge={'base_url': ..., 'model': ...} (an OpenAI-compatible endpoint)"
-            )
-        return LLMJudgeReward(judge, tool_tags)
-    raise ValueError(f"unknown web reward {reward!r}; use 'reference', 'f1', 'em', 'judge' or a callable")
 
 
 class WebEnv(ToolEnv):
@@ -216,7 +181,8 @@ class WebEnv(ToolEnv):
         super().__init__(
             tasks=tasks,
             tools=tools,
-            reward=make_web_reward(reward, tags, judge),
+            reward=resolve_reward(reward, tags, WEB_REWARDS, "RAPO-Web-v0", format_penalty=FORMAT_PENALTY,
+                                  judge=judge),
             system_prompt=system_prompt
             or build_system_prompt({tag: WEB_TOOL_DESCRIPTIONS[tag] for tag in tags}, max_tool_calls),
             max_tool_calls=max_tool_calls,

@@ -1,0 +1,76 @@
+"""`SHARED`: the one process-wide store of what rapo's envs share (loaded search indexes, the offline web site).
+
+Many envs of one process (a vector env, a rollout engine's pool) use the same heavy resource: a FAISS index
+with its encoder, or a loopback site. Each is built once per process under its key and handed to every env
+that asks; a forked child builds its own (a server or a thread pool does not survive a fork). A resource
+with a lifetime is reference-counted: `ProcessCache.acquire` / `ProcessCache.release`, and the last release
+closes it.
+
+Example:
+    >>> cache = ProcessCache()
+    >>> built = []
+    >>> first = cache.get(("index", 1), lambda: built.append(1) or "the index")
+    >>> cache.get(("index", 1), lambda: built.append(2) or "another")
+    'the index'
+    >>> built
+    [1]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import threading
+from collections.abc import Callable, Hashable
+from typing import Any
+
+
+@dataclasses.dataclass
+class _Entry:
+    value: Any
+    pid: int
+    users: int = 0
+
+
+class ProcessCache:
+    """Values built once per process and key; see the module docstring."""
+
+    def __init__(self) -> None:
+        # Re-entrant: building one resource may fetch another (the offline web loads its search index).
+        self._lock = threading.RLock()
+        self._entries: dict[Hashable, _Entry] = {}
+
+    def get(self, key: Hashable, build: Callable[[], Any]) -> Any:
+        """The value under ``key``, built by ``build()`` on first use in this process; it lives as long as the
+        process."""
+        with self._lock:
+            return self._entry(key, build).value
+
+    def acquire(self, key: Hashable, build: Callable[[], Any]) -> Any:
+        """Like `get`, counting one more user; pair it with `release`."""
+        with self._lock:
+            entry = self._entry(key, build)
+            entry.users += 1
+            return entry.value
+
+    def release(self, key: Hashable, close: Callable[[Any], None]) -> None:
+        """One user fewer; the last one drops the value and calls ``close(value)`` (outside the lock)."""
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is None or entry.pid != os.getpid():
+                return
+            entry.users -= 1
+            if entry.users > 0:
+                return
+            del self._entries[key]
+        close(entry.value)
+
+    def _entry(self, key: Hashable, build: Callable[[], Any]) -> _Entry:
+        entry = self._entries.get(key)
+        if entry is None or entry.pid != os.getpid():  # a forked child builds its own
+            entry = self._entries[key] = _Entry(build(), os.getpid())
+        return entry
+
+
+SHARED = ProcessCache()
+"""The process's store, used by every rapo env."""
