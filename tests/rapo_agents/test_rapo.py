@@ -200,6 +200,25 @@ def test_dr_grpo_only_centres_both_advantages():
     assert not torch.allclose(advantages, rapo_advantages(rewards, z_ret, groups, 0.2))
 
 
+def test_the_batch_builder_follows_norm_adv_by_std_in_grpo():
+    from rapo_agents.batch import build_batch
+    from rapo_env.trajectory import StepRecord, Trajectory
+
+    def rollout(index: int, reward: float) -> Trajectory:
+        step = StepRecord(action="a", observation="", token_start=2, token_end=4, entropy_paper=1.0,
+                          entropy_reference=0.5)
+        return Trajectory(task_id="q", rollout_index=index, question="q", system_prompt="", prompt="q", steps=[step],
+                          reward=reward, metrics={}, num_tool_calls=0, end_reason="answer", source="test",
+                          token_ids=[5, 6, 7, 8], loss_mask=[0, 0, 1, 1], logprobs=[0.0, 0.0, -1.0, -1.0],
+                          prompt_length=2, extra={"group_index": 0})
+
+    rollouts = [rollout(0, 1.0), rollout(1, 0.0)]
+    grpo = build_batch(rollouts, pad_token_id=0).advantages
+    dr_grpo = build_batch(rollouts, pad_token_id=0, config=RAPOConfig(norm_adv_by_std_in_grpo=False)).advantages
+    assert grpo.tolist() == pytest.approx([0.7071, -0.7071], abs=1e-4)
+    assert dr_grpo.tolist() == pytest.approx([0.5, -0.5])
+
+
 def test_norm_adv_by_std_in_grpo_is_a_setting_with_verls_name():
     from rapo_agents.config import load_config
 
