@@ -43,6 +43,25 @@ def test_stopping_the_worker_only_costs_that_call(target, healthy):
     healthy(target)
 
 
+@pytest.mark.parametrize("signal_name", ["SIGKILL", "SIGTERM"])
+def test_a_delayed_signal_to_the_worker_does_not_reach_the_next_call(target, healthy, signal_name):
+    # A process in a session of its own signals the worker just after the reply: the worker kills every leftover
+    # before it takes the next call, and should the signal win that race, the next call goes to a fresh worker.
+    # (A SIGSTOP that wins it costs the next call too: a stopped worker looks like a slow one until the deadline.)
+    code = (
+        "import os, signal, time\nworker = os.getppid()\n"
+        "if os.fork() == 0:\n"
+        "    os.setsid()\n"
+        "    time.sleep(0.05)\n"
+        f"    os.kill(worker, signal.{signal_name})\n"
+        "    os._exit(0)\n"
+        "print('armed')"
+    )
+    result = target.run_sync(code)
+    assert result.ok and result.text == "armed\n", result.text
+    healthy(target)
+
+
 def test_only_the_calls_own_pipes_are_inherited(target, healthy):
     result = target.run_sync("import os\nsorted(int(fd) for fd in os.listdir('/proc/self/fd'))")
     assert result.ok, result.text
