@@ -2,11 +2,11 @@
 
 - `WebSearchTool` (tag ``search``): providers ``bing`` (Bing Web Search v7), ``brave``, ``replay``
   (the reference's recorded results, offline) and ``local`` (rapo's dense index over a local site);
-  normalised title/url/snippet results, a disk cache safe under concurrent writers, rate limiting,
-  retries with back-off on 429/5xx, clear failed observations.
+  normalised title/url/snippet results, a disk cache safe under concurrent writers, a rate budget shared
+  by every process using that cache, retries on 429/5xx that honour ``Retry-After``, clear failed observations.
 - `BrowseTool` (tag ``browse``): httpx fetch with size and time caps, http(s) only, internal addresses
-  refused unless allowed, redirects checked hop by hop, main-text extraction with trafilatura, optional
-  summarisation through an OpenAI-compatible endpoint.
+  refused unless allowed and checked where the socket connects (no DNS rebinding), redirects checked hop
+  by hop, main-text extraction with trafilatura, optional summarisation through an OpenAI-compatible endpoint.
 - `rapo_tools.web.website`: the offline site (HTML pages + a Bing-v7-compatible endpoint) on loopback.
 
 Example:

@@ -167,7 +167,7 @@ class PageFetcher:
         max_redirects: Redirect hops followed before giving up.
         allow_private: Allow private, loopback and link-local addresses (tests, local mirrors).
         allowed_origins: Origins (``http://127.0.0.1:8000``) allowed even when internal, e.g. the offline site,
-            without opening the rest of the local network.
+            without opening the rest of the local network (matched by host and port, where connections are made).
         resolver: Host name -> addresses (`system_resolver` by default).
     """
 
