@@ -1,11 +1,15 @@
 """Rollout engine benchmark: engine and tool overhead, HF decoding speed, and overlap of tools with generation.
 
-Four parts, each against a baseline measured in the same run:
+Four parts, each against a baseline measured in the same run. Every env uses the shipped
+defaults (the pooled python sandbox, not ``sandbox="subprocess"``), and every comparison is
+interleaved over ``--rounds`` rounds (`_rounds.interleaved_rounds`: the order flips every round), so
+a load swing hits both sides; figures are medians with min-max, beside the load average.
 
 1. ScriptedPolicy on RAPO-Math-v0 with the real python tool (two tool calls and an answer per
    episode) at 1, 8 and 64 concurrent episodes: episodes/s and tool calls/s of the engine
    (overlap, 16 tool threads) against a naive loop (strict rounds, tools one after another).
-2. HFPolicy on SmolLM2-135M-Instruct: generated tokens/s with a batch of 8 against batch 1.
+2. The shipped CPU policy (`policy_for_model`: `FastPolicy` on SmolLM2-135M-Instruct): generated
+   tokens/s with a batch of 8 against batch 1 (``benchmarks/generation.py`` compares it with HFPolicy).
 3. Share of wall time spent generating, engine against naive loop, for episodes whose turns are
    paced by real SmolLM2 decoding (each scripted turn costs a batched decode of 8/16 tokens) and
    whose tool calls take ~1 s (like a web search or page fetch).
@@ -23,12 +27,14 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
+import statistics
 import time
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from _report import RESULTS_DIR, report
+from _rounds import interleaved_rounds, show, spread
 from rapo_agents.policies import SamplingParams, ScriptedPolicy
 from rapo_agents.rollout import RolloutConfig, RolloutEngine
 
@@ -41,7 +47,7 @@ SLOW_TURNS = [
     "<think>query a slow tool</think>\n<python>\nimport time\ntime.sleep(1.0)\nprint(6 * 7)\n</python>",
     "<answer>\\boxed{42}</answer>",
 ]
-ENV_KWARGS = {"num_tasks": 64, "sandbox": "subprocess", "max_tool_calls": 3}
+ENV_KWARGS = {"num_tasks": 64, "max_tool_calls": 3}  # the shipped sandbox (pooled workers)
 
 
 def engine_config(concurrency: int, naive: bool, **extra) -> RolloutConfig:
@@ -76,49 +82,65 @@ def measure_engine(backend: str, episodes: int, concurrency: int, **ray_options)
             "engine_tool_calls_per_s": stats.tool_calls / stats.wall_s, "wall_s": stats.wall_s, "startup_s": startup}
 
 
-def part_ray(quick: bool) -> list[dict]:
-    """Ray rollout workers (1 and 2) against the local engine, the same total concurrency in all."""
+def part_ray(quick: bool, rounds: int) -> list[dict]:
+    """Ray rollout workers (1 and 2) against the local engine, the same total concurrency in all, interleaved."""
     import ray
 
     episodes, concurrency = (16, 8) if quick else (64, 16)
-    local = measure_engine("local", episodes, concurrency)
-    rows = [{"part": "ray", "engine": "local", "workers": 0, "concurrency": concurrency, "episodes": episodes,
-             **local, "speedup": 1.0}]
     ray.init(num_cpus=max(2, os.cpu_count() or 2), include_dashboard=False, log_to_driver=False)
     try:
+        systems = {"local": lambda: measure_engine("local", episodes, concurrency)}
         for workers in (1, 2):
-            result = measure_engine("ray", episodes, max(1, concurrency // workers), num_workers=workers)
-            rows.append({"part": "ray", "engine": "ray", "workers": workers, "concurrency": concurrency,
-                         "episodes": episodes, **result,
-                         "speedup": result["engine_episodes_per_s"] / local["engine_episodes_per_s"]})
+            systems[f"ray{workers}"] = lambda workers=workers: measure_engine(
+                "ray", episodes, max(1, concurrency // workers), num_workers=workers)
+        results, loads = interleaved_rounds(systems, rounds)
     finally:
         ray.shutdown()
+    local = spread([r["engine_episodes_per_s"] for r in results["local"]])
+    rows = []
+    for name, runs in results.items():
+        rate = spread([r["engine_episodes_per_s"] for r in runs])
+        rows.append({"part": "ray", "engine": "local" if name == "local" else "ray",
+                     "workers": 0 if name == "local" else int(name[3:]), "concurrency": concurrency,
+                     "episodes": episodes, "engine_episodes_per_s": show(rate, 2),
+                     "startup_s": show(spread([r["startup_s"] for r in runs]), 2),
+                     "speedup": round(rate["median"] / local["median"], 2), "load": show(spread(loads)),
+                     "runs": runs})
     return rows
 
 
-def part_overhead(quick: bool) -> list[dict]:
+def part_overhead(quick: bool, rounds: int) -> list[dict]:
     rows = []
     policy = ScriptedPolicy(TURNS)
     for concurrency in (1, 8, 64):
         episodes = max(4, concurrency) if quick else max(8, 2 * concurrency)
-        engine = run_engine(policy, episodes, engine_config(concurrency, naive=False))
-        naive = run_engine(policy, episodes, engine_config(concurrency, naive=True))
+        results, loads = interleaved_rounds({
+            name: lambda naive=naive, episodes=episodes, concurrency=concurrency: run_engine(
+                policy, episodes, engine_config(concurrency, naive=naive))
+            for name, naive in (("engine", False), ("naive", True))
+        }, rounds)
+        engine = spread([r["episodes_per_s"] for r in results["engine"]])
+        naive = spread([r["episodes_per_s"] for r in results["naive"]])
+        ratios = spread([e["episodes_per_s"] / n["episodes_per_s"]
+                         for e, n in zip(results["engine"], results["naive"], strict=True)])
         rows.append({
             "part": "scripted overhead", "concurrency": concurrency, "episodes": episodes,
-            "engine_episodes_per_s": engine["episodes_per_s"], "engine_tool_calls_per_s": engine["tool_calls_per_s"],
-            "naive_episodes_per_s": naive["episodes_per_s"], "naive_tool_calls_per_s": naive["tool_calls_per_s"],
-            "speedup": engine["episodes_per_s"] / naive["episodes_per_s"],
+            "engine_episodes_per_s": show(engine, 2),
+            "engine_tool_calls_per_s": show(spread([r["tool_calls_per_s"] for r in results["engine"]]), 2),
+            "naive_episodes_per_s": show(naive, 2), "speedup": show(ratios, 2), "load": show(spread(loads)),
+            "engine_median": engine["median"], "naive_median": naive["median"],
         })
     return rows
 
 
 def load_smollm2():
-    from rapo_agents.policies.hf import HFPolicy
+    """The policy `rapo train` and `rapo eval` decode with on CPU (`FastPolicy` over the embedded SmolLM2)."""
+    from rapo_agents.policies.factory import make_policy
 
-    return HFPolicy.from_pretrained(device="cpu", max_batch_size=16)
+    return make_policy("hf", device="cpu", max_batch_size=16)
 
 
-def part_tokens(policy, quick: bool) -> list[dict]:
+def part_tokens(policy, quick: bool, rounds: int) -> list[dict]:
     tokenizer = policy.tokenizer
     new_tokens = 16 if quick else 32
     prompt = tokenizer.apply_chat_template([{"role": "user", "content": "Explain why 6 * 7 = 42."}],
@@ -126,14 +148,17 @@ def part_tokens(policy, quick: bool) -> list[dict]:
     context = tokenizer.encode(prompt, add_special_tokens=False)
     params = SamplingParams(temperature=1.0, max_new_tokens=new_tokens, stop=(), seed=0)
     policy.generate([context], params.replace(max_new_tokens=2))  # warm-up
-    rows = {}
-    for batch in (1, 8):
+
+    def tokens_per_s(batch: int) -> float:
         started = time.perf_counter()
         generations = policy.generate([context] * batch, [params.replace(seed=i) for i in range(batch)])
-        seconds = time.perf_counter() - started
-        rows[batch] = sum(g.num_tokens for g in generations) / seconds
-    return [{"part": "HFPolicy SmolLM2 tokens/s", "batch1_tokens_per_s": rows[1], "batch8_tokens_per_s": rows[8],
-             "speedup": rows[8] / rows[1], "new_tokens": new_tokens}]
+        return sum(g.num_tokens for g in generations) / (time.perf_counter() - started)
+
+    results, loads = interleaved_rounds({"1": lambda: tokens_per_s(1), "8": lambda: tokens_per_s(8)}, rounds)
+    batch1, batch8 = spread(results["1"]), spread(results["8"])
+    return [{"part": f"{policy.name} tokens/s", "batch1_tokens_per_s": show(batch1),
+             "batch8_tokens_per_s": show(batch8), "speedup": round(batch8["median"] / batch1["median"], 2),
+             "new_tokens": new_tokens, "load": show(spread(loads))}]
 
 
 class ModelPacedPolicy(ScriptedPolicy):
@@ -152,24 +177,34 @@ class ModelPacedPolicy(ScriptedPolicy):
         return generations
 
 
-def part_overlap(model_policy, quick: bool) -> list[dict]:
+def part_overlap(model_policy, quick: bool, rounds: int) -> list[dict]:
     pace_tokens = 8 if quick else 16
     policy = ModelPacedPolicy(SLOW_TURNS, model_policy, pace_tokens)
     episodes = 4 if quick else 8
-    rows = []
-    results = {}
-    for name, naive in (("engine", False), ("naive", True)):
+
+    def run(naive: bool) -> dict:
         config = engine_config(episodes, naive=naive, max_prompt_tokens=2048)
         with RolloutEngine("RAPO-Math-v0", policy, config, env_kwargs=ENV_KWARGS) as engine:
             trajectories = engine.run(list(range(episodes)))
-            results[name] = engine.stats.as_dict()
-        assert all(t.num_tool_calls == 1 for t in trajectories)
-    for name, stats in results.items():
+            stats = engine.stats.as_dict()
+        if not all(t.num_tool_calls == 1 for t in trajectories):
+            raise RuntimeError(f"expected one tool call per episode: {[t.num_tool_calls for t in trajectories]}")
+        return stats
+
+    results, loads = interleaved_rounds({"engine": lambda: run(False), "naive": lambda: run(True)}, rounds)
+    naive_walls = [r["wall_s"] for r in results["naive"]]
+    rows = []
+    for name, runs in results.items():
         rows.append({"part": f"generation share ({name})", "episodes": episodes, "pace_tokens": pace_tokens,
-                     "wall_s": stats["wall_s"],
-                     "generate_s": stats["generate_s"], "tool_wait_s": stats["wait_s"],
-                     "generation_share": stats["generation_share"],
-                     "speedup": results["naive"]["wall_s"] / stats["wall_s"]})
+                     "wall_s": show(spread([r["wall_s"] for r in runs]), 2),
+                     "generate_s": show(spread([r["generate_s"] for r in runs]), 2),
+                     "tool_wait_s": show(spread([r["wait_s"] for r in runs]), 2),
+                     "generation_share": show(spread([r["generation_share"] for r in runs]), 2),
+                     # the ratio of each round's pair, so a load swing between rounds cancels out
+                     "speedup": show(spread([n / r["wall_s"] for n, r in zip(naive_walls, runs, strict=True)]), 2),
+                     "load": show(spread(loads)),
+                     "wall_median": statistics.median(r["wall_s"] for r in runs),
+                     "generate_median": statistics.median(r["generate_s"] for r in runs)})
     return rows
 
 
@@ -185,16 +220,16 @@ def plot(rows: list[dict]) -> Path | None:
     shares = [r for r in rows if r["part"].startswith("generation share")]
     figure, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
     xs = range(len(overhead))
-    left.bar([x - 0.2 for x in xs], [r["engine_episodes_per_s"] for r in overhead], 0.4, label="engine")
-    left.bar([x + 0.2 for x in xs], [r["naive_episodes_per_s"] for r in overhead], 0.4, label="naive loop")
+    left.bar([x - 0.2 for x in xs], [r["engine_median"] for r in overhead], 0.4, label="engine")
+    left.bar([x + 0.2 for x in xs], [r["naive_median"] for r in overhead], 0.4, label="naive loop")
     left.set_xticks(list(xs), [str(r["concurrency"]) for r in overhead])
     left.set_xlabel("concurrent episodes")
-    left.set_ylabel("episodes/s (ScriptedPolicy, real python tool)")
+    left.set_ylabel("median episodes/s (ScriptedPolicy, pooled python tool)")
     left.legend()
-    right.bar([r["part"].split("(")[1].rstrip(")") for r in shares], [r["wall_s"] for r in shares], label="wall")
-    right.bar([r["part"].split("(")[1].rstrip(")") for r in shares], [r["generate_s"] for r in shares],
+    right.bar([r["part"].split("(")[1].rstrip(")") for r in shares], [r["wall_median"] for r in shares], label="wall")
+    right.bar([r["part"].split("(")[1].rstrip(")") for r in shares], [r["generate_median"] for r in shares],
               label="generation")
-    right.set_ylabel("seconds (SmolLM2-paced turns, 1 s tools)")
+    right.set_ylabel("median seconds (SmolLM2-paced turns, 1 s tools)")
     right.legend()
     figure.tight_layout()
     path = RESULTS_DIR / "rollout.png"
@@ -210,24 +245,28 @@ def main(argv: list[str] | None = None) -> int:
                         help="torch CPU threads; 1 avoids OpenMP spin contention when other processes share the cores "
                              "(on a busy 2-core machine SmolLM2 decodes ~6x faster with 1 thread than with 2)")
     parser.add_argument("--no-ray", action="store_true", help="skip the Ray column (part 4)")
+    parser.add_argument("--rounds", type=int, default=None, help="interleaved rounds per comparison (default 3, "
+                                                                 "2 with --quick)")
     args = parser.parse_args(argv)
     import torch
 
     torch.set_num_threads(args.threads)
-    rows = part_overhead(args.quick)
+    rounds = args.rounds or (2 if args.quick else 3)
+    rows = part_overhead(args.quick, rounds)
     model_policy = load_smollm2()
-    rows += part_tokens(model_policy, args.quick)
-    rows += part_overlap(model_policy, args.quick)
+    rows += part_tokens(model_policy, args.quick, rounds)
+    rows += part_overlap(model_policy, args.quick, rounds)
     if args.no_ray or importlib.util.find_spec("ray") is None:
         print("Ray column skipped (--no-ray, or the [ray] extra is not installed)")
     else:
-        rows += part_ray(args.quick)
+        rows += part_ray(args.quick, rounds)
     columns = ["part", "engine", "workers", "concurrency", "episodes", "engine_episodes_per_s",
                "engine_tool_calls_per_s", "naive_episodes_per_s", "batch1_tokens_per_s", "batch8_tokens_per_s",
-               "wall_s", "startup_s", "generate_s", "tool_wait_s", "generation_share", "speedup"]
+               "wall_s", "startup_s", "generate_s", "tool_wait_s", "generation_share", "speedup", "load"]
     picture = plot(rows)
-    report("rollout", "rollout engine (ratios are against the baseline of the same row)", columns, rows,
-           extra={"quick": args.quick, "torch_threads": args.threads, "plot": str(picture) if picture else None})
+    report("rollout", f"rollout engine: medians (min-max) over {rounds} interleaved rounds, load average beside",
+           columns, rows, extra={"quick": args.quick, "rounds": rounds, "torch_threads": args.threads,
+                                 "sandbox": "shipped default (pooled)", "plot": str(picture) if picture else None})
     return 0
 
 

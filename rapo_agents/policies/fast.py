@@ -61,13 +61,20 @@ class FastPolicy(HFPolicy):
         max_batch_size: most contexts decoded together; longer batches are split.
         weight_format: ``int8``, ``bf16`` or ``fp32`` (None: the fastest this CPU has, see
             `rapo_agents.policies.llama_decoder.default_weight_format`).
+        recalibrate_every: int8 only: rerun the SmoothQuant calibration pass every this many repacks.
     """
 
     exact_logprobs = False
     """Its log-probs come from rounded weights: a trainer recomputes them with the trained module."""
 
-    def __init__(self, model: Any, tokenizer: Any, max_batch_size: int = 32, weight_format: str | None = None):
+    def __init__(self, model: Any, tokenizer: Any, max_batch_size: int = 32, weight_format: str | None = None,
+                 recalibrate_every: int = 8):
+        if recalibrate_every < 1:
+            raise ValueError(f"recalibrate_every must be >= 1, got {recalibrate_every}")
         super().__init__(model, tokenizer, max_batch_size=max_batch_size)
+        self.recalibrate_every = recalibrate_every
+        self._repacks = 0
+        self._maxima: dict[str, torch.Tensor] | None = None
         self.decoder = LlamaDecoder(model.config, weight_format or default_weight_format(self.device), self.device)
         self.name = f"fast-{self.decoder.weight_format}:{self.name.removeprefix('hf:')}"
         self._calibration = torch.tensor([tokenizer.encode(CALIBRATION_TEXT)], device=self.device)
@@ -89,11 +96,13 @@ class FastPolicy(HFPolicy):
 
     def repack(self) -> None:
         """Pack the module's current weights into the decoder (what a weight sync costs)."""
-        maxima = None
-        if self.decoder.weight_format == "int8":
+        if self.decoder.weight_format == "int8" and self._repacks % self.recalibrate_every == 0:
+            # Smoothing is an exact rewrite whatever the scales, so scales from a few updates ago only cost
+            # a little int8 precision, while the calibration forward is a third of a repack.
             with self._inference():
-                maxima = input_maxima(self.model, self._calibration)
-        self.decoder.load_from(self.model, maxima)
+                self._maxima = input_maxima(self.model, self._calibration)
+        self.decoder.load_from(self.model, self._maxima)
+        self._repacks += 1
         self._packed_version = self._weights_version()
 
     def load_state_dict(self, state_dict: Mapping[str, torch.Tensor], strict: bool = True) -> None:

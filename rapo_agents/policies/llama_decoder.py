@@ -144,6 +144,8 @@ class KVCache:
     values: torch.Tensor
     valid: torch.Tensor
     """``[batch, capacity]``: which cache slots hold a real (not padding) token."""
+    padded: bool = True
+    """Whether any row has padding slots (set by the prefill); False lets decode steps skip the mask."""
 
     @property
     def capacity(self) -> int:
@@ -152,7 +154,7 @@ class KVCache:
 
     def select(self, rows: torch.Tensor) -> KVCache:
         """The cache of the given batch rows only (finished rows leave the batch)."""
-        return KVCache(self.keys[:, rows], self.values[:, rows], self.valid[rows])
+        return KVCache(self.keys[:, rows], self.values[:, rows], self.valid[rows], self.padded)
 
     def grow(self, slots: int) -> KVCache:
         """A copy with ``slots`` more (empty) token slots per row."""
@@ -160,7 +162,7 @@ class KVCache:
             return torch.cat([x, x.new_zeros(*x.shape[:3], slots, x.shape[4])], dim=3)
 
         return KVCache(pad(self.keys), pad(self.values),
-                       torch.cat([self.valid, self.valid.new_zeros(self.valid.shape[0], slots)], dim=1))
+                       torch.cat([self.valid, self.valid.new_zeros(self.valid.shape[0], slots)], dim=1), self.padded)
 
 
 class LlamaDecoder:
@@ -284,9 +286,12 @@ class LlamaDecoder:
         end = start + seq
         groups = self.heads // self.kv_heads
         cache.valid[:, start:end] = valid
+        if start == 0:
+            cache.padded = not bool(valid.all())
         # Causal over the written slots; padding slots are never attended to, except each by itself, so that
         # no query row is fully masked (SDPA would give NaN, and NaN times a zero weight poisons real rows).
-        visible = cache.valid[:, None, None, :end]
+        # A decode step without padding needs no mask at all (SDPA is faster without one).
+        visible = None if seq == 1 and not cache.padded else cache.valid[:, None, None, :end]
         if seq > 1:
             causal = torch.ones(seq, end, dtype=torch.bool, device=self.device).tril(diagonal=start)
             itself = F.pad(torch.eye(seq, seq, dtype=torch.bool, device=self.device), (start, 0))
