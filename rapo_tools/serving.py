@@ -5,7 +5,7 @@ HTTP and yields its base URL; leaving the ``with`` block shuts the server down.
 
 Both guard the server's connections against slow and greedy clients (`ConnectionLimits`): a
 connection that has not sent a complete request head within ``header_timeout_s`` of opening (or of
-its previous answer) gets 408 and is closed, a client holding more than ``max_connections_per_client``
+the first bytes of its next request) gets 408 and is closed, a client holding more than ``max_connections_per_client``
 connections gets 503 on the next ones, and the whole server answers 503 beyond ``max_connections``.
 
 Example:
@@ -48,8 +48,8 @@ class ConnectionLimits:
     """What one client may hold of a server's connections (enforced below the ASGI app, per connection)."""
 
     header_timeout_s: float = 10.0
-    """Time for a request head (request line and headers) to arrive, from the connection's opening or its
-    previous answer; beyond it the client gets 408 and the connection closes."""
+    """Time for a request head (request line and headers) to arrive, from the connection's opening or from the
+    first bytes of a next request; beyond it the client gets 408 and the connection closes."""
     keep_alive_s: float = 5.0
     """An idle keep-alive connection closes after this long (uvicorn's ``timeout_keep_alive``)."""
     max_connections_per_client: int = 512
@@ -108,14 +108,20 @@ def guarded_protocol(limits: ConnectionLimits) -> type[asyncio.Protocol]:
                 self._head_timer.cancel()
             super().connection_lost(exc)
 
-        def on_response_complete(self) -> None:
-            super().on_response_complete()
-            if not self.transport.is_closing():
+        def data_received(self, data: bytes) -> None:
+            # The first bytes of a next request on a kept-alive connection start its head's clock (while it
+            # sits idle, uvicorn's keep-alive timeout closes it quietly).
+            if self._head_timer is None and (self.cycle is None or self.cycle.response_complete):
                 self._await_head()
+            super().data_received(data)
 
-        def _await_head(self) -> None:
+        def on_response_complete(self) -> None:
             if self._head_timer is not None:
                 self._head_timer.cancel()
+                self._head_timer = None
+            super().on_response_complete()
+
+        def _await_head(self) -> None:
             self._head_timer = self.loop.call_later(limits.header_timeout_s, self._head_deadline, self.cycle)
 
         def _head_deadline(self, waiting_cycle: Any) -> None:

@@ -72,22 +72,28 @@ class SearchRequest(BaseModel):
 
 
 class RequestRejected(Exception):
-    """A request broke a rule; carries the HTTP status and the message sent back as ``{"detail": ...}``."""
+    """A request broke a rule; carries the HTTP status and the message sent back as ``{"detail": ...}``.
 
-    def __init__(self, status_code: int, message: str):
+    ``close`` ends the connection after the answer: the rest of an unread body is not worth receiving.
+    """
+
+    def __init__(self, status_code: int, message: str, close: bool = False):
         super().__init__(message)
         self.status_code = status_code
         self.message = message
+        self.close = close
 
     def response(self) -> Response:
         """The JSON error answer."""
-        return json_response({"detail": self.message}, self.status_code)
+        return json_response({"detail": self.message}, self.status_code, close=self.close)
 
 
-def json_response(payload: Any, status_code: int = 200) -> Response:
-    """``payload`` serialised by orjson (numpy scalars and arrays included)."""
+def json_response(payload: Any, status_code: int = 200, close: bool = False) -> Response:
+    """``payload`` serialised by orjson (numpy scalars and arrays included); ``close`` asks the server to close
+    the connection after sending it."""
     body = orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY)
-    return Response(body, status_code, media_type="application/json")
+    headers = {"connection": "close"} if close else None
+    return Response(body, status_code, headers=headers, media_type="application/json")
 
 
 def query_problem(query: str, max_chars: int) -> tuple[int, str] | None:
@@ -114,7 +120,9 @@ async def read_body(request: Request, limits: ServiceLimits) -> bytes:
     """The request body, refused (413) once more than ``max_body_bytes`` arrived, or (408) when too slow."""
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limits.max_body_bytes:
-        raise RequestRejected(413, f"request body is {int(declared)} bytes; the limit is {limits.max_body_bytes}")
+        raise RequestRejected(
+            413, f"request body is {int(declared)} bytes; the limit is {limits.max_body_bytes}", close=True
+        )
     chunks: list[bytes] = []
     received = 0
     try:
@@ -123,11 +131,12 @@ async def read_body(request: Request, limits: ServiceLimits) -> bytes:
                 received += len(chunk)
                 if received > limits.max_body_bytes:
                     raise RequestRejected(
-                        413, f"request body is over {limits.max_body_bytes} bytes, the limit (stopped reading)"
+                        413, f"request body is over {limits.max_body_bytes} bytes, the limit (stopped reading)", True
                     )
                 chunks.append(chunk)
     except TimeoutError as error:
-        raise RequestRejected(408, f"the request body took more than {limits.body_timeout_s:g} s to arrive") from error
+        message = f"the request body took more than {limits.body_timeout_s:g} s to arrive"
+        raise RequestRejected(408, message, close=True) from error
     return b"".join(chunks)
 
 
