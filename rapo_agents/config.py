@@ -124,6 +124,10 @@ class RetrievalConfig:
     """Candidates retrieved per query; one is spliced."""
     select: str = "auto"
     """Candidate rule: ``auto`` (follows ``algorithm.fidelity``), ``most_similar`` or ``max_reward``."""
+    retrieve_after: str = "any_round"
+    """When a hybrid rollout may retrieve: ``any_round`` (the reference's: after every round the episode goes on
+    from, tool call or not, so a model that never calls a tool still sees expert steps) or ``tool_round``
+    (only after a round that ran a tool)."""
 
 
 @dataclasses.dataclass
@@ -251,6 +255,9 @@ class TrainConfig:
         if self.retrieval.select not in ("auto", "most_similar", "max_reward"):
             raise ConfigError(
                 f"retrieval.select must be auto, most_similar or max_reward, got {self.retrieval.select!r}")
+        if self.retrieval.retrieve_after not in ("any_round", "tool_round"):
+            raise ConfigError(
+                f"retrieval.retrieve_after must be any_round or tool_round, got {self.retrieval.retrieve_after!r}")
         if self.retrieval.retriever.endswith(".jsonl") and not self.retrieval.index_path:
             raise ConfigError("retrieval.retriever is a buffer JSONL: set retrieval.index_path to its FAISS index")
         warmup = self.warmup

@@ -605,7 +605,8 @@ def retrieval_wrapper(config: TrainConfig, retriever: Any) -> Callable[[gym.Env]
     return functools.partial(
         StepTraceRetrievalWrapper, retriever=retriever, retrieve_prob=retrieval.retrieve_prob, topk=retrieval.topk,
         select=config.select_rule, no_retrieve_first_k=retrieval.no_retrieve_first_k,
-        group_size=config.rollout.rollout_n, hybrid_rule=config.algorithm.hybrid_rule, seed=config.seed)
+        group_size=config.rollout.rollout_n, hybrid_rule=config.algorithm.hybrid_rule,
+        retrieve_after=retrieval.retrieve_after, seed=config.seed)
 
 
 def _init_ray(address: str | None) -> None:

@@ -284,10 +284,10 @@ class RolloutEngine:
         episode.begin(prompt, info, self.tokenizer, self.config.max_prompt_tokens, self.config.max_response_tokens,
                       question=getattr(task, "question", prompt))
 
-    def _stop_strings(self, episode: Episode) -> list[str]:
+    def _stop_strings(self, episode: Episode) -> tuple[str, ...]:
         if self.config.stop is not None:
-            return list(self.config.stop)
-        return list(closing_tags(episode.reset_info.get("tools", ())))
+            return tuple(self.config.stop)
+        return tuple(closing_tags(episode.reset_info.get("tools", ())))
 
     def _branch(self, episode: Episode, generation: Generation, seed: int) -> list[Episode]:
         """ARPO: measure the turn just generated; after a tool result, branch the rollout as its entropy says.

@@ -177,7 +177,7 @@ def test_sampling_params_come_from_the_config():
     with RolloutEngine("RAPO-Math-v0", Recorder(TURNS), config, env_kwargs=ENV_KWARGS) as engine:
         engine.run([0], seed=3)
     assert {(p.temperature, p.top_p, p.top_k, p.max_new_tokens) for p in seen} == {(0.6, 0.95, 20, 50)}
-    assert tuple(seen[0].stop) == ("</python>", "</answer>") and seen[0].seed != seen[1].seed
+    assert seen[0].stop == ("</python>", "</answer>") and seen[0].seed != seen[1].seed
 
 
 def test_a_splice_over_the_response_budget_is_skipped_and_the_episode_goes_on():
