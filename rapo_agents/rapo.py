@@ -46,7 +46,9 @@ class RAPOConfig:
 
     fidelity: Fidelity = "paper"
     """Which side of the documented paper/reference differences to follow: the step-entropy estimator,
-    the hybrid split (``index >= k`` vs ``index > k``) and the candidate selection rule (spec §3-5)."""
+    the hybrid split (``index >= k`` vs ``index > k``), the candidate selection rule and the fallback splice
+    (spec §3-5). The reward, the python tool's output and the loss weighting have settings of their own
+    (``docs/fidelity.md``)."""
 
     advantage_weight: float = 0.2
     """``a`` in ``A = A_acc * (1 + a * A_ret)`` (spec §6); 0 turns RAPO's advantage into GRPO's."""
