@@ -3,7 +3,10 @@
 This file is a self-contained program (standard library only). The host runs it as
 ``python -I -c <REPL_FUNCTION_SOURCE + this file> <settings JSON>`` inside bubblewrap or a
 Docker container (see `worker_source`). It imports the preloaded modules once, then
-serves requests over its stdin/stdout with length-prefixed JSON frames:
+serves requests over its stdin/stdout with length-prefixed JSON frames. Before anything
+else, as its settings say, it caps its scratch tmpfs' inodes (a remount, while it may), installs
+the seccomp filter of `rapo_tools.sandbox.seccomp` on itself (every call's fork inherits it) and
+drops to its unprivileged uid. The frames:
 
 - on start it sends ``{"ready": true, "preloaded": [...], "failed": {...}}``;
 - each request ``{"code", "timeout_s", "max_output_bytes", "calls_waiting"}`` runs in a
@@ -478,20 +481,18 @@ def _drop_privileges(target):
         raise RuntimeError("could not drop privileges")
 
 
-def _make_undumpable():
-    # Code running as the same uid cannot then ptrace us or open /proc/<worker>/fd.
-    try:
-        import ctypes
-
-        ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE = 4
-    except (OSError, AttributeError):
-        pass
-
-
 def _libc():
     import ctypes
 
     return ctypes, ctypes.CDLL(None, use_errno=True)
+
+
+def _make_undumpable():
+    # Code running as the same uid cannot then ptrace us or open /proc/<worker>/fd.
+    try:
+        _libc()[1].prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE = 4
+    except (OSError, AttributeError):
+        pass
 
 
 def _limit_scratch(dirs, size_bytes, inodes):
