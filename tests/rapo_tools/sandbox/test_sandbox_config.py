@@ -42,12 +42,19 @@ def test_light_pool_size_overrides_the_default():
         ({"pool_size": 0}, ValueError),
         ({"light_pool_size": 0}, ValueError),
         ({"preload_modules": "numpy"}, ValueError),
+        ({"scratch_inodes": 0}, ValueError),
+        ({"max_code_bytes": 0}, ValueError),
         (3.5, TypeError),
     ],
 )
 def test_bad_settings_get_clear_errors(value, error):
     with pytest.raises(error):
         SandboxConfig.from_value(value)
+
+
+def test_code_limit_must_fit_the_worker_protocol():
+    with pytest.raises(ValueError, match="max_code_bytes must be at most 8388608.*64 MiB"):
+        SandboxConfig(max_code_bytes=16 << 20)
 
 
 def test_missing_isolation_fails_loudly():
