@@ -139,7 +139,7 @@ class RetryPolicy:
             listener = retry_after_listener.get()
             asked = retry_after_s(response) if response is not None else None
             if listener is not None and asked is not None:
-                listener(asked)
+                listener(min(asked, self.max_retry_after_s))  # an hour's Retry-After must not stall a run
             delay = self.delay_s(attempt, response)
             if delay is None:
                 return response

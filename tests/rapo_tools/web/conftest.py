@@ -6,7 +6,8 @@ Everything is served by one FastAPI app under uvicorn on 127.0.0.1 (`rapo_tools.
 - ``/big``: a 50 MB HTML page, streamed; ``/slow``: a page that trickles for 30 s;
 - ``/binary`` (image/png) and ``/octets`` (untyped NUL bytes); ``/loop/a`` <-> ``/loop/b``: a redirect loop;
 - ``/v7.0/search``: the Bing v7 JSON, key checked; ``/flaky/v7.0/search``: 500 twice per query, then 200;
-  ``/down/v7.0/search``: always 503; ``/res/v1/web/search``: the Brave JSON;
+  ``/down/v7.0/search``: always 503; ``/throttled/v7.0/search``: its first request ever gets a 429 with
+  ``Retry-After: 1``; ``/res/v1/web/search``: the Brave JSON;
 - ``/v1/chat/completions``: an OpenAI-compatible chat endpoint whose rule-based "model" summarises pages.
 """
 
@@ -75,6 +76,7 @@ def build_test_web_app():
     app = FastAPI()
     app.state.search_requests = collections.Counter()
     app.state.flaky_failures = collections.Counter()
+    app.state.throttled = []
     app.state.chat_requests = []
 
     @app.get("/pages/{slug}", response_class=HTMLResponse)
@@ -168,6 +170,14 @@ def build_test_web_app():
         if app.state.flaky_failures[q] < 2:
             app.state.flaky_failures[q] += 1
             return JSONResponse({"error": "backend overloaded"}, status_code=500)
+        return bing_answer(request, q, count)
+
+    @app.get("/throttled/v7.0/search")
+    def throttled(request: Request, q: str, count: int = 10, ocp_apim_subscription_key: str | None = Header(None)):
+        check_key(ocp_apim_subscription_key, BING_KEY)
+        app.state.throttled.append(q)
+        if len(app.state.throttled) == 1:
+            return JSONResponse({"error": "rate limited"}, status_code=429, headers={"Retry-After": "1"})
         return bing_answer(request, q, count)
 
     @app.get("/down/v7.0/search")

@@ -10,9 +10,11 @@ import sys
 import threading
 import time
 
+from rapo_tools.aio import run_sync
 from rapo_tools.web.cache import SearchCache
 from rapo_tools.web.rate_limit import RateLimiter
 from rapo_tools.web.results import SearchResult
+from rapo_tools.web.search_tool import WebSearchTool
 
 WRITES_PER_WORKER = 40
 
@@ -135,3 +137,22 @@ def test_in_process_limiter_honours_a_pause():
     start = time.monotonic()
     asyncio.run(limiter.acquire())
     assert time.monotonic() - start >= 0.4
+
+
+def test_a_429_retry_after_pauses_every_search_sharing_the_budget(web_url, bing_key, tmp_path):
+    config = {"provider": "bing", "endpoint": f"{web_url}/throttled/v7.0/search", "api_key_env": bing_key,
+              "retries": 2, "backoff_s": 0.01, "rate_per_s": 1000.0, "burst": 10, "cache_path": str(tmp_path / "c")}
+
+    async def both(throttled: WebSearchTool, other: WebSearchTool) -> float:
+        async def later() -> float:
+            await asyncio.sleep(0.3)  # while the first search waits out its Retry-After
+            start = time.monotonic()
+            await other.search("Nile")
+            return time.monotonic() - start
+
+        _, waited = await asyncio.gather(throttled.search("Ada Lovelace"), later())
+        return waited
+
+    with WebSearchTool(config) as throttled, WebSearchTool(config) as other:
+        waited = run_sync(both(throttled, other))  # on the portal loop, where the tools close their clients
+    assert waited >= 0.5  # the burst of 10 was open, but the server's pause holds for everyone on the budget
