@@ -18,7 +18,9 @@ under it. It refuses, with EPERM unless said otherwise:
   ``personality`` other than the default or a query;
 - sockets other than IPv4/IPv6 (EAFNOSUPPORT): no unix sockets, so no host socket is reachable through
   the read-only filesystem, and no netlink, packet, vsock (which crosses a VM's boundary) or crypto sockets.
-  ``socketpair`` stays allowed: it reaches nothing outside the call.
+  ``socketpair`` stays allowed for stream and seqpacket pairs, which reach nothing outside the call; a
+  datagram pair (or SOCK_RAW, which unix sockets turn into datagrams) gets ESOCKTNOSUPPORT: ``sendto``
+  on it reaches any datagram socket on the host's filesystem (``/dev/log``, a journal).
 
 Example:
     >>> program = sandbox_filter()
@@ -36,6 +38,7 @@ import struct
 CLONE_NEW_FLAGS = 0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000 | 0x20000000 | 0x40000000
 _X32_SYSCALL_BIT = 0x40000000
 _AF_INET, _AF_INET6 = 2, 10
+_SOCK_STREAM, _SOCK_SEQPACKET, _SOCK_TYPE_MASK = 1, 5, 0xF  # the type without SOCK_NONBLOCK / SOCK_CLOEXEC
 _PERSONALITY_ALLOWED = (0, 0xFFFFFFFF)  # PER_LINUX, and the query that changes nothing
 
 # The refused system calls by name; each table maps them to its architecture's numbers.
@@ -64,7 +67,7 @@ _X86_64 = {
     "perf_event_open": 298, "ptrace": 101, "process_vm_readv": 310, "process_vm_writev": 311, "kcmp": 312,
     "pidfd_getfd": 438, "init_module": 175, "finit_module": 313, "delete_module": 176, "kexec_load": 246,
     "kexec_file_load": 320, "open_by_handle_at": 304, "syslog": 103,
-    "clone": 56, "clone3": 435, "socket": 41, "personality": 135,
+    "clone": 56, "clone3": 435, "socket": 41, "socketpair": 53, "personality": 135,
 }
 
 _AARCH64 = {
@@ -79,7 +82,7 @@ _AARCH64 = {
     "perf_event_open": 241, "ptrace": 117, "process_vm_readv": 270, "process_vm_writev": 271, "kcmp": 272,
     "pidfd_getfd": 438, "init_module": 105, "finit_module": 273, "delete_module": 106, "kexec_load": 104,
     "kexec_file_load": 294, "open_by_handle_at": 265, "syslog": 116,
-    "clone": 220, "clone3": 435, "socket": 198, "personality": 92,
+    "clone": 220, "clone3": 435, "socket": 198, "socketpair": 199, "personality": 92,
 }
 
 # machine -> (AUDIT_ARCH_*, numbers, every call below this number is allowed at once: the hot path)
@@ -93,12 +96,13 @@ _LD_W_ABS = 0x20
 _JEQ_K = 0x15
 _JGE_K = 0x35
 _JSET_K = 0x45
+_AND_K = 0x54
 _RET_K = 0x06
 _ALLOW = 0x7FFF0000
 _ERRNO = 0x00050000
 
 # Offsets in struct seccomp_data (the low word of the first argument: both ABIs are little-endian).
-_NR, _ARCH, _ARG0_LOW = 0, 4, 16
+_NR, _ARCH, _ARG0_LOW, _ARG1_LOW = 0, 4, 16, 24
 
 
 def _op(code: int, k: int, jt: int = 0, jf: int = 0) -> bytes:
@@ -149,6 +153,7 @@ def sandbox_filter(machine: str | None = None) -> bytes | None:
     asm.emit(_JEQ_K, numbers["clone3"], "nosys")
     asm.emit(_JEQ_K, numbers["clone"], "clone")
     asm.emit(_JEQ_K, numbers["socket"], "socket")
+    asm.emit(_JEQ_K, numbers["socketpair"], "socketpair")
     asm.emit(_JEQ_K, numbers["personality"], "personality", "allow")
     asm.label("clone")
     asm.emit(_LD_W_ABS, _ARG0_LOW)
@@ -157,6 +162,11 @@ def sandbox_filter(machine: str | None = None) -> bytes | None:
     asm.emit(_LD_W_ABS, _ARG0_LOW)
     asm.emit(_JEQ_K, _AF_INET, "allow")
     asm.emit(_JEQ_K, _AF_INET6, "allow", "no_family")
+    asm.label("socketpair")
+    asm.emit(_LD_W_ABS, _ARG1_LOW)
+    asm.emit(_AND_K, _SOCK_TYPE_MASK)
+    asm.emit(_JEQ_K, _SOCK_STREAM, "allow")
+    asm.emit(_JEQ_K, _SOCK_SEQPACKET, "allow", "no_type")
     asm.label("personality")
     asm.emit(_LD_W_ABS, _ARG0_LOW)
     asm.emit(_JEQ_K, _PERSONALITY_ALLOWED[0], "allow")
@@ -169,4 +179,6 @@ def sandbox_filter(machine: str | None = None) -> bytes | None:
     asm.emit(_RET_K, _ERRNO | errno.ENOSYS)
     asm.label("no_family")
     asm.emit(_RET_K, _ERRNO | errno.EAFNOSUPPORT)
+    asm.label("no_type")
+    asm.emit(_RET_K, _ERRNO | errno.ESOCKTNOSUPPORT)
     return asm.assemble()

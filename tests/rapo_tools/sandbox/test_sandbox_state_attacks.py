@@ -306,6 +306,41 @@ def test_host_unix_sockets_are_unreachable(target, healthy):
     healthy(target)
 
 
+def test_host_datagram_sockets_are_unreachable_through_a_socketpair(target, healthy):
+    # sendto() on a datagram socketpair takes any address: it would reach /dev/log or a journal socket.
+    path = f"/var/tmp/rapo-test-{uuid.uuid4().hex[:12]}.sock"
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    server.bind(path)
+    os.chmod(path, 0o777)
+    server.settimeout(0.5)
+    try:
+        code = (
+            "import socket\n"
+            "for kind in (socket.SOCK_DGRAM, socket.SOCK_RAW, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC):\n"
+            "    try:\n"
+            "        left, right = socket.socketpair(socket.AF_UNIX, kind)\n"
+            f"        left.sendto(b'hello host', {path!r})\n"
+            "        print('sent')\n"
+            "    except OSError as error:\n"
+            "        print('refused', error.errno)\n"
+            "left, right = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)\n"  # allowed: it ignores addresses
+            f"left.sendto(b'hello peer', {path!r})\n"
+            "print('seqpacket', right.recv(64))"
+        )
+        result = target.run_sync(code)
+        try:
+            received = server.recv(64)
+        except OSError:
+            received = None
+    finally:
+        server.close()
+        os.unlink(path)
+    assert result.ok, result.text
+    assert result.text == "refused 94\n" * 3 + "seqpacket b'hello peer'\n"  # ESOCKTNOSUPPORT; the pair's own peer
+    assert received is None
+    healthy(target)
+
+
 def test_run_is_hidden(target, healthy):
     # /run holds the host's service sockets (D-Bus, databases, container engines) and their pid files.
     result = target.run_sync("import os\nos.listdir('/run'), os.listdir('/var/run')")
