@@ -3,15 +3,11 @@ what batching gives the encoder alone, load-test, and plot two modes side by sid
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 from rapo_tools.serving import free_port  # noqa: F401  (re-exported for the benchmarks)
@@ -61,45 +57,6 @@ def script_command(script: str, port: int, flags: dict[str, object], switches: S
     """``python scripts/<script> --<flag> <value> ... --port <port> <switches>`` with this interpreter."""
     arguments = [item for flag, value in flags.items() for item in (f"--{flag}", str(value))]
     return [sys.executable, str(SCRIPTS_DIR / script), *arguments, "--port", str(port), *switches]
-
-
-@contextlib.contextmanager
-def script_server(command: Sequence[str], port: int, startup_timeout_s: float = 300.0) -> Iterator[str]:
-    """Run a server command (which must listen on ``port``) and yield its URL once ``/health`` answers."""
-    import httpx
-
-    log = tempfile.TemporaryFile()
-    process = subprocess.Popen(
-        list(command),
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        env={**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"},
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + startup_timeout_s
-        while True:
-            if process.poll() is not None:
-                log.seek(0)
-                raise RuntimeError(f"{Path(command[1]).name} exited:\n{log.read().decode()[-2000:]}")
-            try:
-                httpx.get(f"{url}/health", timeout=2.0).raise_for_status()
-                break
-            except httpx.HTTPError:
-                if time.monotonic() > deadline:
-                    raise RuntimeError(
-                        f"{Path(command[1]).name} did not start within {startup_timeout_s:.0f} s"
-                    ) from None
-                time.sleep(0.5)
-        yield url
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-        log.close()
 
 
 def plot_modes(rows: list[dict], path: Path, title: str, modes: Sequence[str], levels: Sequence[int]) -> None:

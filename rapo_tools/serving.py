@@ -27,10 +27,13 @@ import collections
 import contextlib
 import dataclasses
 import logging
+import os
 import socket
+import subprocess
+import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import httpx
@@ -265,3 +268,45 @@ def _wait_until_answering(server: uvicorn.Server, thread: threading.Thread, host
                         f"the server at {base_url} did not answer within {timeout_s:.0f} s"
                     ) from error
                 time.sleep(0.02)
+
+
+@contextlib.contextmanager
+def serve_command(command: Sequence[str], port: int, startup_timeout_s: float = 300.0) -> Iterator[str]:
+    """Run a server command (``rapo search serve ...``, a script) listening on ``port`` on loopback; yield its URL
+    once ``/health`` answers, and stop it on leaving.
+
+    Raises:
+        ServerStartError: when the command exits first (its output's end is in the message) or never answers.
+    """
+    log = tempfile.TemporaryFile()
+    process = subprocess.Popen(
+        list(command),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"},
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + startup_timeout_s
+        while True:
+            if process.poll() is not None:
+                log.seek(0)
+                raise ServerStartError(f"{' '.join(command[:4])} exited:\n{log.read().decode()[-2000:]}")
+            try:
+                httpx.get(f"{url}/health", timeout=2.0).raise_for_status()
+                break
+            except httpx.HTTPError:
+                if time.monotonic() > deadline:
+                    raise ServerStartError(
+                        f"{' '.join(command[:4])} did not answer within {startup_timeout_s:.0f} s"
+                    ) from None
+                time.sleep(0.5)
+        yield url
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        log.close()

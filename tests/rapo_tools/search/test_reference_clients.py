@@ -1,0 +1,57 @@
+"""The official RAPO search client, as written in its ``WikiSearchTool``, against ``rapo search serve``.
+
+`reference_wiki_search` posts and parses exactly as the reference's tool does (Gross-barium938/RAPO,
+``verl/workers/rollout/tools/wiki_search_tool.py``): a ``requests`` session with the environment's proxies
+ignored, the reference JSON body, then ``document.split("\\n")`` on every hit. Its errors come back as text,
+as the tool's do, so a reply it cannot parse shows up as ``Error processing search results: ...``.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import requests
+
+from rapo_tools.serving import free_port, serve_command
+
+
+def reference_wiki_search(url: str, query: str, topk: int = 3) -> str:
+    """The observation the reference ``WikiSearchTool.execute(query)`` returns."""
+    session = requests.Session()
+    session.trust_env = False
+    response = session.post(
+        url,
+        headers={"Content-Type": "application/json", "Accept": "application/json"},
+        json={"queries": [query], "topk": topk, "return_scores": True},
+        timeout=30,
+        proxies={"http": None, "https": None},
+    )
+    response.raise_for_status()
+    try:
+        pretty = []
+        for retrieval in response.json().get("result", []):
+            reference = ""
+            for rank, item in enumerate(retrieval):
+                content = item["document"]
+                title = content.split("\n")[0]
+                text = "\n".join(content.split("\n")[1:])
+                reference += f"Doc {rank + 1} (Title: {title})\n{text}\n\n"
+            pretty.append(reference.strip())
+        return "\n---\n".join(pretty) if pretty else "No search results found."
+    except Exception as error:  # the reference tool reports any parsing failure as its observation
+        return f"Error processing search results: {error}"
+
+
+def test_the_reference_search_tool_reads_rapo_search_serve(shared_data, tmp_path):
+    corpus = shared_data / "corpus/searchr1_example_corpus.jsonl"
+    index = tmp_path / "reference.faiss"
+    rapo = [sys.executable, "-m", "rapo_cli", "search"]
+    port = free_port()
+    build = [*rapo, "build-index", "--corpus_path", str(corpus), "--index_path", str(index), "--index_type", "flat"]
+    serve = [*rapo, "serve", "--index_path", str(index), "--port", str(port), "--device", "cpu"]
+    subprocess.run([*build, "--device", "cpu", "--encoder", "reference"], check=True, capture_output=True)
+    with serve_command(serve, port) as url:
+        observation = reference_wiki_search(f"{url}/wikiSearch", "Genentech lobbyist", topk=2)
+    assert observation.startswith('Doc 1 (Title: "Evan Morris")\n'), observation
+    assert "\nDoc 2 (Title: " in observation and "Error processing" not in observation
