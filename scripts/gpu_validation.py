@@ -285,28 +285,34 @@ def measure_vllm_generate(model: str, prompts: int, max_tokens: int, rounds: int
             "rounds": rounds, "sampling": "temperature 1, seed 0, top-10 log-probs, no stop strings (both sides)"}
 
 
-def measure_loss_share(model: str, sequences: int, tokens: int, repeats: int) -> dict[str, Any]:
-    """Seconds of `rapo_policy_loss` (forward + backward) against a whole forward + backward pass, on CUDA."""
+def measure_loss_share(model: str, sequences: int, tokens: int, repeats: int, device: str = "cuda") -> dict[str, Any]:
+    """Seconds of `rapo_policy_loss` (forward + backward) against a whole forward + backward pass (CUDA: the stage;
+    any other device works too, for a check of the measurement itself)."""
     import torch
     from transformers import AutoModelForCausalLM
 
     from rapo_agents.rapo import RAPOConfig, rapo_policy_loss
+    from rapo_agents.update import autocast_context, sequence_logprobs
 
-    device = torch.device("cuda")
+    device = torch.device(device)
+    synchronize = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     network = AutoModelForCausalLM.from_pretrained(model, dtype=torch.bfloat16).to(device)
+    network.gradient_checkpointing_enable()  # as the trainer does on a GPU
     generator = torch.Generator(device="cpu").manual_seed(0)
     ids = torch.randint(0, network.config.vocab_size, (sequences, tokens), generator=generator).to(device)
-    mask = torch.ones(sequences, tokens - 1, device=device)
-    mask[:, : tokens // 4] = 0  # the prompt
+    attention = torch.ones_like(ids)
+    prompt = tokens // 4
+    mask = torch.ones(sequences, tokens, device=device)
+    mask[:, :prompt] = 0
     advantages = torch.randn(sequences, generator=generator).to(device)
     f_ret = torch.rand(sequences, generator=generator).to(device) * 0.2
     config = RAPOConfig()
 
-    def logprobs() -> torch.Tensor:
-        logits = network(input_ids=ids).logits[:, :-1]
-        return torch.log_softmax(logits.float(), -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+    def logprobs() -> torch.Tensor:  # the trainer's forward pass (`rapo_agents.update.sequence_logprobs`)
+        with autocast_context(device, torch.bfloat16):
+            return sequence_logprobs(network, ids, attention, prompt).logprobs
 
-    old = logprobs().detach() + 0.01 * torch.randn(sequences, tokens - 1, device=device)
+    old = logprobs().detach() + 0.01 * torch.randn(sequences, tokens, device=device)
 
     def full_step() -> None:
         network.zero_grad(set_to_none=True)
@@ -319,10 +325,10 @@ def measure_loss_share(model: str, sequences: int, tokens: int, repeats: int) ->
         rapo_policy_loss(logp, old, advantages, mask, f_ret, config).loss.backward()
 
     def seconds(step) -> float:
-        torch.cuda.synchronize()
+        synchronize()
         started = time.perf_counter()
         step()
-        torch.cuda.synchronize()
+        synchronize()
         return time.perf_counter() - started
 
     full_step(), loss_only()  # warm-up
@@ -333,7 +339,9 @@ def measure_loss_share(model: str, sequences: int, tokens: int, repeats: int) ->
     share = statistics.median(loss) / statistics.median(full)
     return {"loss_share": share, "target": TARGETS["loss_share_of_update"],
             "meets_target": share < TARGETS["loss_share_of_update"], "loss_s": loss, "forward_backward_s": full,
-            "sequences": sequences, "tokens": tokens, "dtype": "bfloat16 weights, float32 loss"}
+            "sequences": sequences, "tokens": tokens, "device": str(device),
+            "how": "rapo_policy_loss forward + backward alone vs sequence_logprobs + the loss, forward + backward "
+                   "(bf16 weights under autocast, gradient checkpointing), medians"}
 
 
 # ---- command line --------------------------------------------------------------------------------------------
@@ -389,6 +397,7 @@ def _parser() -> argparse.ArgumentParser:
     share.add_argument("--sequences", type=int, default=16)
     share.add_argument("--tokens", type=int, default=2048)
     share.add_argument("--repeats", type=int, default=5)
+    share.add_argument("--device", default="cuda")
     share.add_argument("--json", type=Path, required=True)
 
     train = commands.add_parser("train-summary", help="summarise a rapo train run's metrics.jsonl into --json")
@@ -478,7 +487,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     measured = {
         "vllm-generate": lambda: measure_vllm_generate(args.model, args.prompts, args.max_tokens, args.rounds),
-        "loss-share": lambda: measure_loss_share(args.model, args.sequences, args.tokens, args.repeats),
+        "loss-share": lambda: measure_loss_share(args.model, args.sequences, args.tokens, args.repeats, args.device),
         "train-summary": lambda: train_summary(args.run_dir),
         "retrieval-summary": lambda: retrieval_summary(json.loads(args.results.read_text())),
         "pytest-summary": lambda: pytest_summary(args.junit),

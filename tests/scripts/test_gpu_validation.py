@@ -213,3 +213,15 @@ def test_summary_picks_out_the_issues_figures(tmp_path):
                                   "loss_share_of_update": 0.004}
     assert summary["statuses"] == {"vllm_generate": "ok", "loss_share": "ok", "retrieval": "failed"}
     assert summary["not_ok"] == {"retrieval": "exit status 1"}
+
+
+@pytest.mark.slow
+def test_the_loss_share_measurement_runs_on_the_embedded_model(tmp_path):
+    from rapo_agents.policies.hf import default_policy_path
+
+    out = tmp_path / "loss_share.json"
+    assert gv.main(["loss-share", "--model", default_policy_path(), "--device", "cpu", "--sequences", "2",
+                    "--tokens", "32", "--repeats", "1", "--json", str(out)]) == 0
+    measured = json.loads(out.read_text())
+    assert 0 < measured["loss_share"] < 1 and measured["device"] == "cpu"
+    assert len(measured["loss_s"]) == len(measured["forward_backward_s"]) == 1
