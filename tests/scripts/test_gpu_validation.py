@@ -225,3 +225,24 @@ def test_the_loss_share_measurement_runs_on_the_embedded_model(tmp_path):
     measured = json.loads(out.read_text())
     assert 0 < measured["loss_share"] < 1 and measured["device"] == "cpu"
     assert len(measured["loss_s"]) == len(measured["forward_backward_s"]) == 1
+
+
+@pytest.mark.slow
+def test_a_model_folder_without_weights_gets_random_weights_of_its_shape(tmp_path):
+    import shutil
+
+    from transformers import AutoModelForCausalLM
+
+    from rapo_agents.policies.hf import default_policy_path
+
+    embedded = Path(default_policy_path())
+    config_only = tmp_path / "config_only"
+    config_only.mkdir()
+    for path in embedded.iterdir():
+        if path.suffix != ".safetensors":
+            shutil.copy(path, config_only / path.name)
+    prepared = gv.prepare_model(config_only, tmp_path / "work")
+    assert prepared["weights"].startswith("random init")
+    network = AutoModelForCausalLM.from_pretrained(prepared["model_path"])
+    assert network.num_parameters() == AutoModelForCausalLM.from_pretrained(embedded).num_parameters()
+    assert gv.prepare_model(embedded, tmp_path / "work")["model_path"] == str(embedded)  # weights: used as given
