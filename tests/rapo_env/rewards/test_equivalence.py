@@ -17,9 +17,14 @@ def pool():
 
 
 def hang(pool: VerifierPool) -> int:
-    """Freeze the pool's warm worker (as an expression stuck in C code would) and return its pid."""
-    assert pool.equivalent("\\frac{1}{2}", "0.5", timeout_s=5.0)
-    stuck = next(worker._process for worker in pool._all if worker._process is not None)
+    """Start both workers, then freeze the one lent next (as an expression stuck in C code would); its pid."""
+    checks = [threading.Thread(target=pool.equivalent, args=("\\frac{1}{2}", "0.5", 30.0)) for _ in range(2)]
+    for check in checks:
+        check.start()
+    for check in checks:
+        check.join()
+    assert all(worker._process is not None for worker in pool._all), "both workers should have started"
+    stuck = pool._idle.queue[-1]._process  # LifoQueue: the last one returned is lent first
     os.kill(stuck.pid, signal.SIGSTOP)
     return stuck.pid
 
@@ -28,7 +33,7 @@ def test_a_hung_worker_does_not_hold_up_other_checks(pool):
     hang(pool)
     verdicts = []
     blocked = threading.Thread(target=lambda: verdicts.append(pool.equivalent("x^2", "x \\cdot x", timeout_s=10.0)))
-    blocked.start()  # borrows the frozen worker (the warm one is lent first) and waits on it
+    blocked.start()  # borrows the frozen worker and waits on it
     while pool._idle.qsize() != 1:
         threading.Event().wait(0.01)
     assert pool.equivalent("\\sqrt{4}", "2", timeout_s=10.0)  # the other worker answers meanwhile
