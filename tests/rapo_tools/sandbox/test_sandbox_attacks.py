@@ -169,7 +169,8 @@ def test_host_secrets_stay_hidden(target, tmp_path, healthy):
 
 
 def test_writes_outside_the_scratch_directory_fail(target, tmp_path, healthy):
-    targets = [str(tmp_path / "escaped.txt"), "/etc/rapo-escaped", "/usr/rapo-escaped", os.path.abspath("escaped.txt")]
+    targets = [str(tmp_path / "escaped.txt"), "/etc/rapo-escaped", "/usr/rapo-escaped", os.path.abspath("escaped.txt"),
+               "/rapo-escaped"]
     code = (
         "results = []\n"
         f"for path in {targets!r}:\n"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 import threading
 import uuid
 
@@ -16,6 +17,7 @@ import pytest
 
 from rapo_tools.sandbox import PythonSandbox, SandboxConfig
 from rapo_tools.sandbox.cgroup import MemoryCgroup
+from rapo_tools.sandbox.local_backend import interpreter_roots
 
 pytestmark = pytest.mark.skipif(not os.path.isdir("/proc"), reason="the local sandbox needs Linux")
 
@@ -341,8 +343,46 @@ def test_host_datagram_sockets_are_unreachable_through_a_socketpair(target, heal
     healthy(target)
 
 
-def test_run_is_hidden(target, healthy):
-    # /run holds the host's service sockets (D-Bus, databases, container engines) and their pid files.
-    result = target.run_sync("import os\nos.listdir('/run'), os.listdir('/var/run')")
-    assert result.ok and result.text == "([], [])\n", result.text
+def test_only_system_and_interpreter_directories_of_the_host_are_there(target, healthy):
+    # /run and /var hold the host's service sockets and FIFOs (a FIFO on a read-only mount can still be
+    # written); /home, /srv, /mnt, /opt and the like hold data and repositories.
+    code = (
+        "import os\n"
+        "print([path for path in ('/run', '/var', '/home', '/srv', '/mnt', '/opt', '/media', '/boot', '/work/shared')"
+        " if os.path.exists(path)])\n"
+        "print(sorted(os.listdir('/')))"
+    )
+    result = target.run_sync(code)
+    assert result.ok, result.text
+    absent, listing = result.text.splitlines()
+    assert absent == "[]"
+    allowed = {path.strip("/") for path in target.config.system_paths} | {"dev", "proc", "tmp"}
+    interpreter = {root.strip("/").split("/")[0] for root in interpreter_roots(sys.executable)}
+    assert set(eval(listing)) <= allowed | interpreter
+    healthy(target)
+
+
+def test_host_fifos_are_unreachable(target, healthy):
+    path = f"/var/tmp/rapo-test-{uuid.uuid4().hex[:12]}.fifo"
+    os.mkfifo(path, 0o666)
+    os.chmod(path, 0o666)
+    reader = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a host process listening on it
+    try:
+        code = (
+            "import os\ntry:\n"
+            f"    os.write(os.open({path!r}, os.O_WRONLY | os.O_NONBLOCK), b'hello host')\n"
+            "    print('written')\n"
+            "except OSError as error:\n"
+            "    print('refused', error.errno)"
+        )
+        result = target.run_sync(code)
+        try:
+            received = os.read(reader, 64)
+        except BlockingIOError:
+            received = b""
+    finally:
+        os.close(reader)
+        os.unlink(path)
+    assert result.ok and result.text == "refused 2\n", result.text  # ENOENT: /var is not in the sandbox
+    assert received == b""
     healthy(target)
