@@ -249,11 +249,18 @@ def code_problem(code: object, limit_bytes: int) -> ToolResult | None:
     return ToolResult(text=f"code too large ({size} bytes, limit {limit_bytes})", ok=False, error="code_too_large")
 
 
+MAX_PARSED_CHARS = 20_000
+"""Longest code whose imports the host parses to pick a pool: ~15 ms on an idle core, ten times that at a load
+average of 20 (model code is far shorter)."""
+
+
 def imports_only_stdlib(code: str) -> bool:
     """True when every module ``code`` imports statically is in the standard library.
 
     Such code can run in a light worker; code that imports anything else (numpy, sympy, ...) goes to a
-    full worker that has it preloaded. Unparsable code is light: it fails the same way anywhere.
+    full worker that has it preloaded. Unparsable code is light: it fails the same way anywhere. Code longer
+    than `MAX_PARSED_CHARS` is not parsed (the parse runs on the event loop that serves every call): it goes
+    to a full worker, which runs anything.
 
     Example:
         >>> imports_only_stdlib("import math, itertools\\nfrom fractions import Fraction")
@@ -263,6 +270,8 @@ def imports_only_stdlib(code: str) -> bool:
     """
     if "import" not in code:
         return True  # no import statement, and nothing to parse
+    if len(code) > MAX_PARSED_CHARS:
+        return False
     try:
         tree = ast.parse(code)
     except Exception:  # SyntaxError, but also RecursionError or MemoryError on hostile nesting

@@ -9,12 +9,14 @@ import pytest
 
 from rapo_tools.aio import run_sync
 from rapo_tools.sandbox.pool import (
+    MAX_PARSED_CHARS,
     SandboxUnavailableError,
     StreamWorker,
     Worker,
     WorkerLostError,
     WorkerPool,
     WorkerRetiredError,
+    imports_only_stdlib,
 )
 
 
@@ -208,3 +210,18 @@ def test_the_real_pool_restarts_a_killed_worker(single_worker_sandbox):
     assert not lost.ok and lost.error == "sandbox_worker_lost"
     after = single_worker_sandbox.run_sync("import numpy\nprint(numpy.int64(2) ** 10)")
     assert after.ok and after.text == "1024\n"
+
+
+@pytest.mark.parametrize(
+    ("code", "light"),
+    [
+        ("import math\nmath.pi", True),
+        ("import numpy", False),
+        ("import os\n" + "-" * 15000 + "1", True),  # the parser gives up (MemoryError): light, it fails anywhere
+        ("import os\n" + "x = 1\n" * (MAX_PARSED_CHARS // 6), False),  # too long to parse on the event loop
+        ("x = 1\n" * 100_000, True),  # no import at all: nothing to parse
+    ],
+    ids=["stdlib", "numpy", "parser-gives-up", "too-long-to-parse", "no-import"],
+)
+def test_which_pool_runs_the_code(code, light):
+    assert imports_only_stdlib(code) is light
