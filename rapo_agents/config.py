@@ -117,7 +117,7 @@ class RetrievalConfig:
     index_path: str | None = None
     """FAISS index of a buffer JSONL given as ``retriever`` (``rapo buffer index`` writes it)."""
     retrieve_prob: float = 0.5
-    """Probability of a retrieval after each tool round of a hybrid rollout."""
+    """Probability of a retrieval after each retrieval round (``retrieve_after``) of a hybrid rollout."""
     no_retrieve_first_k: int = 2
     """The first k rollouts of each group stay on-policy (the paper: 8 of 16)."""
     topk: int = 3
