@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -45,6 +44,7 @@ from rapo_env.tasks.knowledge_base import KnowledgeBase, KnowledgeBaseConfig
 from rapo_tools.base import Tool
 from rapo_tools.python_tool import PythonTool
 from rapo_tools.cache import rapo_cache_dir
+from rapo_tools.jsonl import write_jsonl
 from rapo_tools.search.cache import cached_corpus_index
 from rapo_tools.search.embedding import Embedder
 from rapo_tools.search.tool import SearchTool, SearchToolConfig
@@ -72,12 +72,7 @@ def _hotpotqa_corpus(path: Path, cache_root: Path) -> Path:
     key = hashlib.sha256(f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:16]
     corpus = cache_root / "corpora" / f"{path.stem}-{key}.jsonl"
     if not corpus.is_file():
-        corpus.parent.mkdir(parents=True, exist_ok=True)
-        staging = corpus.with_name(f".{corpus.name}.{os.getpid()}.tmp")
-        with staging.open("w", encoding="utf-8") as handle:
-            for passage in hotpotqa_passages(path):
-                handle.write(json.dumps(dataclasses.asdict(passage), ensure_ascii=False) + "\n")
-        os.replace(staging, corpus)
+        write_jsonl(corpus, (dataclasses.asdict(passage) for passage in hotpotqa_passages(path)))
     return corpus
 
 

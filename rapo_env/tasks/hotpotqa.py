@@ -24,6 +24,7 @@ from typing import Any
 
 from rapo_env.tasks.base import Task, TaskList
 from rapo_env.tasks.files import TaskFileError
+from rapo_tools.jsonl import read_jsonl
 from rapo_tools.search.corpus import Passage
 
 
@@ -33,8 +34,7 @@ def _read_records(path: str | os.PathLike) -> list[Mapping[str, Any]]:
         raise TaskFileError(f"HotpotQA file {path} does not exist")
     try:
         if path.suffix.lower() in (".jsonl", ".ndjson"):
-            with path.open(encoding="utf-8") as handle:
-                records = [json.loads(line) for line in handle if line.strip()]
+            records = read_jsonl(path, what="HotpotQA records")
         else:
             records = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as error:
