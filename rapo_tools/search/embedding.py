@@ -57,7 +57,8 @@ class EncoderSpec:
     pooling: Literal["model", "last_token"] = "model"
     """``model``: the sentence-transformers model's own pipeline (mean pooling and normalisation for MiniLM);
     ``last_token``: the transformer's hidden state at the last position of a left-padded batch (the [SEP]
-    token for BERT models), as the reference's encoders do."""
+    token for BERT models), as the reference's encoders do; positions count from each text's first token, so a
+    vector is the text's own, whatever it was batched with."""
     max_length: int | None = None
     """Tokens per text, special tokens included; None = the model's ``max_seq_length`` (256 for MiniLM).
     Only ``last_token`` pooling may set it (the reference: 256 for search, 512 for the step-trace buffer)."""
@@ -275,7 +276,8 @@ class Embedder:
         return self._last_token(texts)
 
     def _last_token(self, texts: list[str]) -> np.ndarray:
-        """The reference's encoding: left padding, the final position's hidden state, no pooling."""
+        """The reference's encoding: left padding, the final position's hidden state, no pooling; each text encodes
+    as it would alone."""
         import torch
 
         transformer = self.model[0].auto_model
@@ -287,10 +289,15 @@ class Embedder:
             max_length=self.max_length,
             return_tensors="pt",
         )
+        mask = inputs["attention_mask"]
+        # Positions count from each text's first real token, so that a text's vector does not depend on the
+        # padding its batch-mates impose (the reference's default positions shift with the padding).
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
         with torch.inference_mode():
             output = transformer(
                 input_ids=inputs["input_ids"].to(transformer.device),
-                attention_mask=inputs["attention_mask"].to(transformer.device),
+                attention_mask=mask.to(transformer.device),
+                position_ids=positions.to(transformer.device),
             )
             states = output.last_hidden_state[:, -1, :].float()
             if self.normalize:
