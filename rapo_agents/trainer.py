@@ -1,20 +1,22 @@
 """`RAPOTrainer`: the training loop of RAPO (and of GRPO, which is the same loop with retrieval off).
 
-One step:
+Before the first step, once: the optional supervised warm-up (`rapo_agents.warmup`), behaviour cloning of
+the scripted expert so that a small model writes the tag protocol at all, then the held-out evaluation of the
+warm-up-only policy (`rapo_agents.heldout`). One step:
 
 1. sample ``train_batch_size`` questions (seeded epochs, resumable);
 2. play ``rollout_n`` rollouts of each through the rollout engine; the env is wrapped in
    `StepTraceRetrievalWrapper`, so rollouts ``>= no_retrieve_first_k`` of every group are hybrid;
 3. rewards, ``Z_ret``, ``F_ret`` and advantages (`rapo_agents.batch`, spec §5-6);
-0. once, before the first step: the optional supervised warm-up (`rapo_agents.warmup`), behaviour
-   cloning of the scripted expert so that a small model writes the tag protocol at all;
 4. PPO-style mini-batch updates with gradient accumulation, grad-norm clipping and AdamW
    (bf16 autocast and gradient checkpointing on GPU) (`rapo_agents.update`, spec §7);
-5. weight sync to the rollout policy (free when it shares the trainer's module; with
+5. weight sync to the rollout policy (a repack of the fast CPU decoder's weights; with
    ``rollout.backend=ray``, one copy in Ray's object store that every worker's replica loads);
-6. metrics (JSONL, TensorBoard, ...) and checkpoints; Ctrl-C / SIGTERM saves and stops cleanly.
+6. metrics (JSONL, TensorBoard, ...), held-out evaluations every ``evaluation.eval_every`` steps and at the
+   end, and checkpoints; Ctrl-C / SIGTERM saves and stops cleanly.
 
-The rollout engine is the local `RolloutEngine` or, with ``rollout.backend=ray``, a `RayRolloutEngine`
+The rollout policy, retriever and engine come from the run's backend (`rapo_agents.backends`, chosen once by
+``rollout.backend``): the local `RolloutEngine` or, with ``rollout.backend=ray``, a `RayRolloutEngine`
 with the same API: the env (an id and keyword arguments, or a factory) and the retrieval wrapper
 (a `functools.partial`) are picklable, so Ray ships them to the workers.
 
@@ -38,12 +40,13 @@ from typing import Any
 import gymnasium as gym
 import torch
 
+from rapo_agents.backends import make_backend
 from rapo_agents.batch import TrainBatch, build_batch
 from rapo_agents.checkpoint import CheckpointManager, GracefulInterrupt, load_weights, rng_state, set_rng_state
 from rapo_agents.config import TrainConfig
 from rapo_agents.heldout import Difference, HeldoutEvaluator, HeldoutResult, paired_difference
 from rapo_agents.metrics import MetricsLogger, plot_curves, read_metrics
-from rapo_agents.rollout import RolloutEngine, derive_seed, make_env_factory
+from rapo_agents.rollout import derive_seed, make_env_factory
 from rapo_agents.sampler import QuestionSampler
 from rapo_agents.update import UpdateSettings, needs_logprob_correction, ppo_update, recompute_logprobs
 from rapo_env.rewards.text import FORMAT_PENALTY
@@ -155,19 +158,15 @@ class RAPOTrainer:
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(), lr=optim.lr, betas=optim.betas, weight_decay=optim.weight_decay
         )
-        self.on_ray = config.rollout.backend == "ray"
-        if self.on_ray:
-            _init_ray(config.ray.address)
-            self.policy = policy if policy is not None else self._ray_policy_spec()
-        else:
-            self.policy = policy if policy is not None else self._make_policy()
+        self.backend = make_backend(config, self.model, self.tokenizer)
+        self.policy = policy if policy is not None else self.backend.make_policy()
         # An env id with its keyword arguments (or the caller's factory): Ray ships them to its workers.
         self._env = env_factory if env_factory is not None else config.data.env_id
         self._env_kwargs = None if env_factory is not None else training_env_kwargs(config)
         self._env_factory = make_env_factory(self._env, self._env_kwargs)
         self.retriever = None
         if config.retrieval.enabled:
-            self.retriever = retriever if retriever is not None else self._default_retriever()
+            self.retriever = retriever if retriever is not None else self.backend.make_retriever()
         self.num_tasks = self._count_tasks()
         self._engine = None
         self.sampler = QuestionSampler(self.num_tasks, optim.train_batch_size, config.seed, config.data.shuffle)
@@ -191,70 +190,13 @@ class RAPOTrainer:
 
     # ---- construction ------------------------------------------------------------------------
 
-    def _make_policy(self):
-        if self.config.rollout.policy == "vllm":
-            from rapo_agents.policies.vllm import VLLMPolicy
-
-            rollout = self.config.rollout
-            return VLLMPolicy.from_pretrained(
-                self.config.model.path, gpu_memory_utilization=rollout.gpu_memory_utilization,
-                max_model_len=rollout.max_prompt_tokens + rollout.max_response_tokens, seed=self.config.seed,
-            )
-        from rapo_agents.policies.factory import policy_for_model
-
-        return policy_for_model(self.model, self.tokenizer)  # FastPolicy on CPU (issue #19)
-
-    def _ray_policy_spec(self):
-        """What the Ray workers generate with: a replica of the model each, or one shared `PolicyActor`."""
-        import ray
-
-        from rapo_agents.integrations.ray_rollout import PolicyActor, hf_replica
-
-        config = self.config
-        if config.rollout.policy == "vllm":
-            from rapo_agents.policies.vllm import VLLMPolicy
-
-            rollout = config.rollout
-            factory = functools.partial(
-                VLLMPolicy.from_pretrained, config.model.path, gpu_memory_utilization=rollout.gpu_memory_utilization,
-                max_model_len=rollout.max_prompt_tokens + rollout.max_response_tokens, seed=config.seed)
-        else:
-            dtype = next(self.model.parameters()).dtype
-            factory = functools.partial(hf_replica, self.model.config, self.tokenizer, dtype)
-        if config.ray.policy_placement == "workers":
-            return factory
-        return ray.remote(PolicyActor).options(num_cpus=0, num_gpus=config.ray.policy_actor_gpus).remote(factory)
-
-    def _default_retriever(self):
-        if self.on_ray and not self.config.retrieval.retriever.startswith(("http://", "https://")):
-            # An in-process buffer (model and FAISS index) does not pickle: Ray Serve runs it, the workers
-            # reach it by URL like a `rapo buffer serve` server.
-            from rapo_agents.integrations.ray_rollout import serve_retrieval
-            from rapo_tools.serving import free_port
-
-            return serve_retrieval(retriever_factory(self.config), http_port=free_port())
-        return retriever_factory(self.config)()
-
     @property
     def engine(self):
         """The rollout engine, started on first use (again after `close`): local, or Ray workers holding the
         current weights."""
         if self._engine is None:
-            config = self.config
-            wrappers = [retrieval_wrapper(config, self.retriever)] if self.retriever is not None else []
-            if self.on_ray:
-                from rapo_agents.integrations.ray_rollout import RayRolloutEngine
-
-                ray_config = config.ray
-                self._engine = RayRolloutEngine(
-                    self._env, self.policy, config.rollout, self._env_kwargs, wrappers, arpo=config.arpo,
-                    num_workers=ray_config.num_workers,
-                    worker_options={"num_cpus": ray_config.num_cpus_per_worker,
-                                    "num_gpus": ray_config.num_gpus_per_worker})
-                self._engine.sync_weights(self.model)  # replicas start untrained
-            else:
-                self._engine = RolloutEngine(self._env, self.policy, config.rollout, self._env_kwargs, wrappers,
-                                             arpo=config.arpo)
+            wrappers = [retrieval_wrapper(self.config, self.retriever)] if self.retriever is not None else []
+            self._engine = self.backend.make_engine(self._env, self._env_kwargs, self.policy, wrappers)
         return self._engine
 
     def _count_tasks(self) -> int:
@@ -297,36 +239,34 @@ class RAPOTrainer:
         """``rollout_n`` rollouts of each task, group by group, seeded by the step (so a resume replays them)."""
         return self.engine.run(task_indices, seed=derive_seed(self.config.seed, self.step))
 
-    def train_step(self) -> dict[str, float]:
-        """One full step (rollout, advantages, update, sync); returns its metrics."""
-        config = self.config
-        started = time.perf_counter()
-        task_indices = self.sampler.next_batch()
-        trajectories = self.rollout(task_indices)
-        rollout_seconds = time.perf_counter() - started
-
-        engine_stats = self.engine.stats
-        batch = build_batch(trajectories, self._pad_token_id(), config.algorithm)
-        # vLLM sleeps (weights offloaded, KV cache freed) while the trainer uses the GPU.
-        shares_gpu = not self.on_ray and config.rollout.policy == "vllm" and hasattr(self.policy, "sleep")
-        if shares_gpu:
-            self.policy.sleep()
-        algorithm = config.algorithm
+    def update(self, batch: TrainBatch) -> dict[str, float]:
+        """The PPO-style update of one batch (spec §7); a batch without reward variance is skipped."""
+        algorithm = self.config.algorithm
         if not batch.advantages.any() and algorithm.kl_coef == 0 and algorithm.entropy_coef == 0:
             # No group has reward variance: the loss is identically 0, so the forward and backward passes
             # would only buy AdamW's weight decay. Skip them (counted), as GRPO-style trainers that drop
             # zero-variance groups do.
-            update_stats = {"optim/skipped_zero_advantage": 1.0, "time/update_s": 0.0}
-        else:
-            if self._recomputes_old_logprobs and not self.update_settings.old_logprobs_from_current:
-                batch.old_logprobs = recompute_logprobs(self.model, batch, self.update_settings)
-            update_stats = ppo_update(self.model, self.optimizer, batch, algorithm, self.update_settings,
-                                      self.reference_model)
-            update_stats["optim/skipped_zero_advantage"] = 0.0
+            return {"optim/skipped_zero_advantage": 1.0, "time/update_s": 0.0}
+        if self._recomputes_old_logprobs and not self.update_settings.old_logprobs_from_current:
+            batch.old_logprobs = recompute_logprobs(self.model, batch, self.update_settings)
+        stats = ppo_update(self.model, self.optimizer, batch, algorithm, self.update_settings, self.reference_model)
+        return {**stats, "optim/skipped_zero_advantage": 0.0}
 
+    def train_step(self) -> dict[str, float]:
+        """One full step (rollout, advantages, update, sync); returns its metrics."""
+        config = self.config
+        started = time.perf_counter()
+        # 1-2. The step's questions and their rollout groups (hybrid rollouts splice retrieved step traces).
+        trajectories = self.rollout(self.sampler.next_batch())
+        rollout_seconds = time.perf_counter() - started
+        engine_stats = self.engine.stats
+        # 3. Rewards, Z_ret, F_ret and the fused advantages.
+        batch = build_batch(trajectories, self._pad_token_id(), config.algorithm)
+        # 4. The update (a vLLM policy sleeps meanwhile).
+        with self.backend.updating(self.policy):
+            update_stats = self.update(batch)
+        # 5. Weight sync to the rollout policy.
         sync_started = time.perf_counter()
-        if shares_gpu:
-            self.policy.wake_up()
         self.sync_policy()
         sync_seconds = time.perf_counter() - sync_started
 
@@ -354,7 +294,8 @@ class RAPOTrainer:
 
     def sync_policy(self) -> None:
         """Bring the rollout policy up to date with the trained weights (free when it shares the module)."""
-        if self._engine is not None or not self.on_ray:  # Ray workers not started yet get them when they start
+        # Ray workers not started yet get the weights when they start.
+        if self._engine is not None or self.backend.engine_outlives_close():
             self.engine.sync_weights(self.model)
 
     def _pad_token_id(self) -> int:
@@ -407,7 +348,7 @@ class RAPOTrainer:
         """Release the rollout envs and their tool workers, or the Ray workers (restarted if training goes on)."""
         if self._engine is not None:
             self._engine.close()
-            if self.on_ray:
+            if not self.backend.engine_outlives_close():
                 self._engine = None
         if self._heldout is not None:
             self._heldout.close()
@@ -448,7 +389,7 @@ class RAPOTrainer:
         given its own ``env_factory`` evaluates only with ``evaluation.heldout_env_kwargs``, and a Ray run not at all.
         """
         evaluation = self.config.evaluation
-        if not evaluation.enabled or self.on_ray:
+        if not evaluation.enabled or not self.backend.evaluates_heldout:
             return None
         if self._env_kwargs is None and not evaluation.heldout_env_kwargs:
             return None
@@ -577,25 +518,6 @@ def training_env_kwargs(config: TrainConfig) -> dict[str, Any]:
     return kwargs
 
 
-def retriever_factory(config: TrainConfig) -> Callable[[], Any]:
-    """A picklable factory of the step-trace retriever ``config.retrieval.retriever`` names."""
-    from rapo_agents.buffer_build.defaults import resolve_retriever
-
-    spec = config.retrieval.retriever
-    if spec == "default" and config.data.source == "procedural_math":
-        # The expert solves the very questions the policy trains on, as the paper's buffer does.
-        from rapo_agents.buffer_build.defaults import DefaultBufferConfig, default_retriever
-
-        buffer = DefaultBufferConfig(num_tasks=config.data.num_tasks, difficulty=config.data.difficulty,
-                                     max_tool_calls=config.rollout.max_tool_calls, index_kind="flat")
-        return functools.partial(default_retriever, buffer, show_progress=config.logging.progress)
-    if spec.endswith(".jsonl"):
-        from rapo_buffers.retriever import InProcessRetriever
-
-        return functools.partial(InProcessRetriever.from_files, spec, config.retrieval.index_path)
-    return functools.partial(resolve_retriever, spec)
-
-
 def retrieval_wrapper(config: TrainConfig, retriever: Any) -> Callable[[gym.Env], gym.Env]:
     """The (picklable) wrapper of hybrid rollouts (spec §4): rollouts ``>= no_retrieve_first_k`` of a group
     retrieve from ``retriever`` (a `Retriever` or a service URL)."""
@@ -607,14 +529,6 @@ def retrieval_wrapper(config: TrainConfig, retriever: Any) -> Callable[[gym.Env]
         select=config.select_rule, no_retrieve_first_k=retrieval.no_retrieve_first_k,
         group_size=config.rollout.rollout_n, hybrid_rule=config.algorithm.hybrid_rule,
         retrieve_after=retrieval.retrieve_after, seed=config.seed)
-
-
-def _init_ray(address: str | None) -> None:
-    """Join ``address``, or use the cluster this process already started, or start a local one."""
-    import ray
-
-    if not ray.is_initialized():
-        ray.init(address=address, include_dashboard=False)
 
 
 def rollout_metrics(trajectories: Sequence[Trajectory], batch: TrainBatch) -> dict[str, float]:
