@@ -158,7 +158,8 @@ def retriever_factory(config: TrainConfig) -> Callable[[], Any]:
         from rapo_agents.buffer_build.defaults import DefaultBufferConfig, default_retriever
 
         buffer = DefaultBufferConfig(num_tasks=config.data.num_tasks, difficulty=config.data.difficulty,
-                                     max_tool_calls=config.rollout.max_tool_calls, index_kind="flat")
+                                     max_tool_calls=config.rollout.max_tool_calls, index_kind="flat",
+                                     encoder=config.algorithm.fidelity)
         return functools.partial(default_retriever, buffer, show_progress=config.logging.progress)
     if spec.endswith(".jsonl"):
         from rapo_buffers.retriever import InProcessRetriever

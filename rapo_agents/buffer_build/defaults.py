@@ -31,7 +31,7 @@ from pathlib import Path
 from rapo_agents.buffer_build.builder import BuildConfig, build_step_traces
 from rapo_buffers.candidates import Retriever
 from rapo_buffers.client import retriever_from_url
-from rapo_buffers.index import build_step_index
+from rapo_buffers.index import ENCODINGS, build_step_index
 from rapo_buffers.retriever import InProcessRetriever
 from rapo_buffers.schema import write_buffer
 from rapo_agents.buffer_build.sources.scripted import ScriptedSourceConfig, scripted_expert_trajectories
@@ -57,6 +57,8 @@ class DefaultBufferConfig(ScriptedSourceConfig):
 
     index_kind: str = "hnsw"
     """FAISS index: ``hnsw`` (reference parameters) or ``flat`` (exact)."""
+    encoder: str = "paper"
+    """How keys (and so queries) are embedded: ``paper`` or ``reference`` (`rapo_buffers.index.ENCODINGS`)."""
 
     def digest(self) -> str:
         """A short hash of the settings and of the problems themselves (a changed generator changes it)."""
@@ -101,6 +103,7 @@ def ensure_default_buffer(
                 config=IndexConfig(kind=config.index_kind),
                 corpus_path=corpus_path,
                 show_progress=show_progress,
+                encoder=ENCODINGS[config.encoder],
             )
             stats_path.write_text(json.dumps({"config": dataclasses.asdict(config), **stats.as_dict()}, indent=2))
     return corpus_path, index_path
