@@ -10,7 +10,10 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from rapo_tools.serving import free_port  # noqa: F401  (re-exported for the benchmarks)
+from rapo_tools.serving import free_port, serve_command  # noqa: F401  (re-exported for the benchmarks)
+
+script_server = serve_command
+"""Run a server script and yield its URL once ``/health`` answers (`rapo_tools.serving.serve_command`)."""
 
 SCRIPTS_DIR = Path(__file__).resolve().parents[1] / "scripts"
 

@@ -87,7 +87,8 @@ def search_server(index: Path, micro_batching: bool, intra_op_threads: int):
 def served_recall(url: str, questions: list[str], gold: list[list[str]]) -> float:
     import httpx
 
-    answer = httpx.post(f"{url}/wikiSearch", json={"queries": questions, "topk": 10}, timeout=300).json()
+    body = {"queries": questions, "topk": 10, "document_format": "object"}
+    answer = httpx.post(f"{url}/wikiSearch", json=body, timeout=300).json()
     ranked = [[hit["document"]["title"] for hit in hits] for hits in answer["result"]]
     return recall_at(ranked, gold, 10)
 
