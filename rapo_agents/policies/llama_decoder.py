@@ -262,7 +262,7 @@ class LlamaDecoder:
                        torch.zeros((batch, capacity), dtype=torch.bool, device=self.device))
 
     def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        return (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * weight).to(self.dtype)
+        return F.rms_norm(x, (x.shape[-1],), weight, self.eps).to(self.dtype)
 
     def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         freqs = positions[..., None].float() * self.inv_freq
