@@ -4,7 +4,8 @@
    chat transcript (chat-template markers, or the ``system\\n...\\nuser\\n`` form that decoding with
    ``skip_special_tokens`` leaves);
 2. remove chat role headers and special tokens (``<|im_start|>assistant``, ``<|eot_id|>``, ...);
-3. keep the last ``max_chars`` (1,300) characters.
+3. keep the last ``max_chars`` (1,300) characters;
+4. replace lone surrogates (text that is not valid Unicode, which the encoder's tokenizer refuses) with U+FFFD.
 
 Both cuts keep the newest context, and so does the encoder after them: the step-trace encoders
 (`rapo_tools.search.embedding.BUFFER_ENCODER` and ``REFERENCE_BUFFER_ENCODER``) drop the tokens beyond
@@ -43,6 +44,7 @@ _DECODED_USER_MARKER = "\nuser\n"
 # Role headers go whole (not only their special tokens), so that "assistant" does not stay in the text.
 _ROLE_HEADER = re.compile(r"<\|im_start\|>[a-z_]+\n?|<\|start_header_id\|>[a-z_]+<\|end_header_id\|>\n*")
 _SPECIAL_TOKEN = re.compile(r"<\|[^|<>\s]{1,40}\|>|</?s>|\[/?INST\]")
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def drop_system_prompt(text: str) -> str:
@@ -59,7 +61,8 @@ def drop_system_prompt(text: str) -> str:
 
 
 def normalize_context(text: str, max_chars: int = MAX_CONTEXT_CHARS) -> str:
-    """Normalise a key or a query for embedding: no system prompt, no special tokens, the last ``max_chars``.
+    """Normalise a key or a query for embedding: no system prompt, no special tokens, the last ``max_chars``,
+    valid Unicode.
 
     Raises:
         ValueError: when ``max_chars`` is not positive.
@@ -67,4 +70,4 @@ def normalize_context(text: str, max_chars: int = MAX_CONTEXT_CHARS) -> str:
     if max_chars <= 0:
         raise ValueError(f"max_chars must be positive, got {max_chars}")
     text = _SPECIAL_TOKEN.sub("", _ROLE_HEADER.sub("", drop_system_prompt(text)))
-    return text[-max_chars:].strip()
+    return _LONE_SURROGATE.sub("\ufffd", text[-max_chars:].strip())

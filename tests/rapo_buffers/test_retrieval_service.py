@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import httpx
 import pytest
 
@@ -76,6 +78,41 @@ def test_bad_requests_get_4xx_and_the_client_a_typed_error(served):
     finally:
         client.close()
     assert httpx.post(f"{url}/retrieve", json={"queries": ["still serving"], "topk": 1}).status_code == 200
+
+
+BAD_BODIES = [
+    (b'{"queries": ["\\ud800 context"], "topk": 3}', "surrogate"),
+    (b'{"queries": ["q"], "topk": 1e400}', "infinity"),
+    (b'{"queries": ["q"], "topk": NaN}', "not valid JSON"),
+    (b'{"queries": [7]}', "string"),
+    (b'{"queries": ["\xff"]}', "UTF-8"),
+]
+
+
+def test_bad_requests_fail_alone_among_concurrent_valid_ones(served):
+    buffer, url = served
+    keys = [trace.key for trace in buffer.traces[:24]]
+    bad = BAD_BODIES * 2
+
+    async def main():
+        json_type = {"content-type": "application/json"}
+        async with httpx.AsyncClient(base_url=url, timeout=120) as client:
+            requests = []  # valid and bad interleaved, all in flight at once
+            for position, key in enumerate(keys):
+                requests.append(client.post("/retrieve", json={"queries": [key], "topk": 3}))
+                if position < len(bad):
+                    requests.append(client.post("/retrieve", content=bad[position][0], headers=json_type))
+            return await asyncio.gather(*requests)
+
+    answers = asyncio.run(main())
+    bad_positions = {2 * position + 1 for position in range(len(bad))}
+    valid_answers = [answer for i, answer in enumerate(answers) if i not in bad_positions]
+    bad_answers = [answers[i] for i in sorted(bad_positions)]
+    for answer, (_, reason) in zip(bad_answers, bad, strict=True):
+        assert answer.status_code == 422 and reason in answer.json()["detail"]
+    expected = [hits[0].value for hits in buffer.retriever.retrieve(keys, topk=1)]
+    assert all(answer.status_code == 200 and len(answer.json()["result"][0]) == 3 for answer in valid_answers)
+    assert [answer.json()["result"][0][0]["document"] for answer in valid_answers] == expected
 
 
 def test_dead_service_and_malformed_answers_raise_service_unavailable():

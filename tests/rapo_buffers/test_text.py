@@ -54,3 +54,8 @@ def test_idempotent(text):
     once = normalize_context(text)
     assert normalize_context(once) == once
     assert len(once) <= MAX_CONTEXT_CHARS
+
+
+def test_lone_surrogates_become_replacement_characters_so_any_context_can_be_embedded(scripted_buffer):
+    assert normalize_context("bolts \ud800 and \udfff nuts") == "bolts \ufffd and \ufffd nuts"
+    assert scripted_buffer.retriever.retrieve(["How many bolts \ud800?"], topk=1)[0]  # the tokenizer accepts it
