@@ -86,7 +86,7 @@ def main() -> None:
         args.rounds, args.new_tokens = 2, 24
 
     reference = HFPolicy.from_pretrained(device="cpu")
-    fast = FastPolicy(reference.model, reference.tokenizer)
+    fast = FastPolicy(reference.model, reference.tokenizer, threads=None)  # --threads decides, for both sides
     context = prompt_ids(reference.tokenizer, args.prompt_tokens)
     rows, summary = [], {}
     diffs: list[torch.Tensor] = []

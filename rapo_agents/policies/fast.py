@@ -62,17 +62,23 @@ class FastPolicy(HFPolicy):
         weight_format: ``int8``, ``bf16`` or ``fp32`` (None: the fastest this CPU has, see
             `rapo_agents.policies.llama_decoder.default_weight_format`).
         recalibrate_every: int8 only: rerun the SmoothQuant calibration pass every this many repacks.
+        threads: torch threads while decoding (restored afterwards; None = leave them). 1 by default: in a
+            training run the sandbox workers, encoders and verifiers run while the policy decodes, and on 2
+            shared cores a second OpenMP thread halved batch-1 speed (``benchmarks/generation.py --threads 1 2``);
+            the update, when nothing else runs, keeps the process's own setting.
     """
 
     exact_logprobs = False
     """Its log-probs come from rounded weights: a trainer recomputes them with the trained module."""
 
     def __init__(self, model: Any, tokenizer: Any, max_batch_size: int = 32, weight_format: str | None = None,
-                 recalibrate_every: int = 8):
+                 recalibrate_every: int = 8, threads: int | None = 1):
         if recalibrate_every < 1:
             raise ValueError(f"recalibrate_every must be >= 1, got {recalibrate_every}")
+        if threads is not None and threads < 1:
+            raise ValueError(f"threads must be >= 1 or None, got {threads}")
         super().__init__(model, tokenizer, max_batch_size=max_batch_size)
-        self.recalibrate_every = recalibrate_every
+        self.recalibrate_every, self.threads = recalibrate_every, threads
         self._repacks = 0
         self._maxima: dict[str, torch.Tensor] | None = None
         self.decoder = LlamaDecoder(model.config, weight_format or default_weight_format(self.device), self.device)
@@ -122,7 +128,14 @@ class FastPolicy(HFPolicy):
     def generate(self, contexts, sampling: SamplingParams | Any) -> list[Generation]:
         if self._weights_version() != self._packed_version:
             self.repack()
-        return super().generate(contexts, sampling)
+        before = torch.get_num_threads()
+        if self.threads is not None and self.threads != before:
+            torch.set_num_threads(self.threads)
+        try:
+            return super().generate(contexts, sampling)
+        finally:
+            if torch.get_num_threads() != before:
+                torch.set_num_threads(before)
 
     def _generate_batch(self, contexts: list[list[int]], params: list[SamplingParams]) -> list[Generation]:
         device = self.device

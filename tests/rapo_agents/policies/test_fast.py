@@ -95,6 +95,20 @@ def test_int8_decoding_stays_close_and_asks_for_a_logprob_correction(reference):
     assert needs_logprob_correction(fast) and not needs_logprob_correction(reference)
 
 
+def test_decoding_uses_its_own_thread_count_and_restores_the_callers(reference):
+    fast = FastPolicy(reference.model, reference.tokenizer, weight_format="fp32", threads=1)
+    [context] = contexts_of(reference, "short")
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        fast.generate([context], GREEDY)
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+    with pytest.raises(ValueError, match="threads must be"):
+        FastPolicy(reference.model, reference.tokenizer, threads=0)
+
+
 def test_logprob_mismatch_reads_only_loss_tokens():
     rollout = torch.tensor([[0.0, -1.0, -2.0], [0.0, -0.5, -9.0]])
     recomputed = torch.tensor([[5.0, -1.5, -2.0], [0.0, -0.25, 0.0]])
