@@ -61,6 +61,11 @@ class ModelConfig:
     """Recompute activations in the backward pass: ``auto`` (on GPU only), ``true`` or ``false``."""
     bf16_autocast: str = "auto"
     """Run forward passes under bfloat16 autocast: ``auto`` (on GPU only), ``true`` or ``false``."""
+    trainable_layers: int | None = None
+    """Train only the last N decoder layers and the final norm, the rest frozen (None: the whole model). The
+    backward pass then stops N layers deep, which on a CPU makes an update about twice as fast for N = a third of
+    the layers; RL's fixes to a warmed-up policy (when to call the tool, what to write after its result) live in
+    the last layers."""
 
 
 @dataclasses.dataclass

@@ -111,6 +111,27 @@ def load_model_and_tokenizer(config: TrainConfig, device: torch.device):
     return model.to(device), tokenizer
 
 
+def freeze_all_but_last_layers(model: torch.nn.Module, count: int) -> None:
+    """Leave only the last ``count`` decoder layers and the final norm trainable (embeddings and any tied
+    ``lm_head`` frozen).
+
+    Raises:
+        ValueError: when ``count`` is not in ``1..number of layers`` or the model has no ``layers`` list.
+    """
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
+    layers = getattr(decoder, "layers", None)
+    if not isinstance(layers, torch.nn.ModuleList):
+        raise ValueError(f"model.trainable_layers needs a decoder with a layers list; {type(model).__name__} has none")
+    if not 1 <= count <= len(layers):
+        raise ValueError(f"model.trainable_layers must be between 1 and {len(layers)}, got {count}")
+    model.requires_grad_(False)
+    for layer in layers[len(layers) - count:]:
+        layer.requires_grad_(True)
+    norm = getattr(decoder, "norm", None)
+    if norm is not None:
+        norm.requires_grad_(True)
+
+
 class RAPOTrainer:
     """Trains a policy with RAPO as ``config`` says.
 
@@ -148,6 +169,8 @@ class RAPOTrainer:
             raise ValueError("pass the tokenizer together with the model")
         self.model = model.to(self.device)
         self.tokenizer = tokenizer
+        if config.model.trainable_layers is not None:
+            freeze_all_but_last_layers(self.model, config.model.trainable_layers)
         if _flag(config.model.gradient_checkpointing, on_gpu):
             self.model.gradient_checkpointing_enable()
         self.autocast_dtype = torch.bfloat16 if _flag(config.model.bf16_autocast, on_gpu) else None
@@ -156,7 +179,8 @@ class RAPOTrainer:
             self.reference_model = copy.deepcopy(self.model).eval().requires_grad_(False)
         optim = config.optim
         self.optimizer = torch.optim.AdamW(
-            self.model.parameters(), lr=optim.lr, betas=optim.betas, weight_decay=optim.weight_decay
+            [parameter for parameter in self.model.parameters() if parameter.requires_grad], lr=optim.lr,
+            betas=optim.betas, weight_decay=optim.weight_decay
         )
         self.backend = make_backend(config, self.model, self.tokenizer)
         self.policy = policy if policy is not None else self.backend.make_policy()
@@ -221,11 +245,18 @@ class RAPOTrainer:
                 show_progress=config.logging.progress)
         finally:
             env.close()
-        result = behaviour_cloning(
-            self.model, episodes, self._pad_token_id(), steps=config.warmup.sft_steps,
-            batch_size=config.warmup.sft_batch_size, lr=config.warmup.sft_lr,
-            micro_batch_size=config.optim.micro_batch_size, grad_clip=config.optim.grad_clip, seed=config.seed,
-            autocast_dtype=self.autocast_dtype, show_progress=config.logging.progress)
+        # The warm-up trains the whole model; ``model.trainable_layers`` restricts the RL updates only.
+        trainable = [parameter.requires_grad for parameter in self.model.parameters()]
+        self.model.requires_grad_(True)
+        try:
+            result = behaviour_cloning(
+                self.model, episodes, self._pad_token_id(), steps=config.warmup.sft_steps,
+                batch_size=config.warmup.sft_batch_size, lr=config.warmup.sft_lr,
+                micro_batch_size=config.optim.micro_batch_size, grad_clip=config.optim.grad_clip, seed=config.seed,
+                autocast_dtype=self.autocast_dtype, show_progress=config.logging.progress)
+        finally:
+            for parameter, flag in zip(self.model.parameters(), trainable, strict=True):
+                parameter.requires_grad_(flag)
         self.sync_policy()
         self.warmup_done = True
         print(f"warm-up: {config.warmup.sft_steps} steps on {len(episodes)} expert episodes, action NLL "

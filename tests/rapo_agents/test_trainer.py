@@ -401,3 +401,15 @@ def test_heldout_evaluation_runs_before_rl_and_at_the_end_on_questions_never_tra
     repeat = again.train()
     assert repeat.already_complete and repeat.steps == 2 and [e.step for e in repeat.heldout] == [0, 2]
     assert (tmp_path / "metrics.jsonl").read_text() == lines_before  # nothing trained or logged again
+
+
+def test_trainable_layers_leave_only_the_last_layers_and_the_final_norm_to_the_optimizer():
+    from rapo_agents.trainer import freeze_all_but_last_layers
+
+    model = tiny_model()
+    freeze_all_but_last_layers(model, 1)
+    trainable = {name for name, parameter in model.named_parameters() if parameter.requires_grad}
+    assert trainable and all(name.startswith(("model.layers.1.", "model.norm.")) for name in trainable)
+    assert "model.embed_tokens.weight" not in trainable
+    with pytest.raises(ValueError, match="between 1 and 2"):
+        freeze_all_but_last_layers(tiny_model(), 3)
