@@ -36,6 +36,14 @@ def build_system_prompt(tools: Mapping[str, str], max_tool_calls: int | None = N
     )
 
 
+SHORT_MATH_PROMPT = (
+    "Solve the problem. Think inside <think> </think>. Run Python inside <python> </python>; what it prints comes "
+    "back inside <result> </result>. Give the final answer as <answer>\\boxed{N}</answer>."
+)
+"""The math env's protocol in three sentences (about 55 tokens against about 200): ``system_prompt="short"``. The
+embedded CPU training run uses it, since every prompt token is paid for in every update."""
+
+
 REFERENCE_FALLBACK_TEXT = (
     " \n<think> Solve this problem carefully using own reasoning without tool calls. "
     "Think step by step and self-check before answering.</think>\n"

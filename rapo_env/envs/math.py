@@ -17,7 +17,7 @@ from typing import Any
 
 from rapo_env.core import ToolEnv
 from rapo_env.envs.reward_spec import RewardSpec, resolve_reward
-from rapo_env.prompts import TOOL_DESCRIPTIONS, build_system_prompt
+from rapo_env.prompts import SHORT_MATH_PROMPT, TOOL_DESCRIPTIONS, build_system_prompt
 from rapo_env.tasks import Task, resolve_tasks
 from rapo_env.tasks.procedural_math import SPLIT_SEEDS, ProceduralMath
 from rapo_tools.python_tool import PythonTool
@@ -40,7 +40,8 @@ class MathEnv(ToolEnv):
         difficulty: Operations per procedural problem (1-5), or None for a mix.
         ability: For mixed RL parquet files, keep rows of this ``ability`` (default ``"math"``).
         limit: Keep at most this many tasks of a file.
-        system_prompt: Overrides the default prompt that explains the tags.
+        system_prompt: Overrides the default prompt that explains the tags; ``"short"`` is
+            `rapo_env.prompts.SHORT_MATH_PROMPT`, the same protocol in three sentences.
         **kwargs: Passed to `ToolEnv` (``max_tool_calls``, ``max_turns``, ``max_text_length``, ...).
     """
 
@@ -74,7 +75,7 @@ class MathEnv(ToolEnv):
             tasks=tasks,
             tools=tools,
             reward=resolve_reward(reward, tags, MATH_REWARDS, "RAPO-Math-v0"),
-            system_prompt=system_prompt
+            system_prompt=(SHORT_MATH_PROMPT if system_prompt == "short" else system_prompt)
             or build_system_prompt({tag: TOOL_DESCRIPTIONS[tag] for tag in tags}, max_tool_calls),
             max_tool_calls=max_tool_calls,
             **kwargs,

@@ -142,3 +142,16 @@ def test_a_64_env_async_vector_env_runs_a_thousand_steps():
         episodes += int(np.sum(terminated | truncated))
     envs.close()
     assert episodes > 64
+
+
+def test_the_short_system_prompt_states_the_same_protocol_in_three_sentences():
+    import gymnasium as gym
+
+    from rapo_env.prompts import SHORT_MATH_PROMPT
+
+    env = gym.make("RAPO-Math-v0", num_tasks=2, system_prompt="short", sandbox="subprocess")
+    _, info = env.reset(seed=0)
+    env.close()
+    assert info["system_prompt"] == SHORT_MATH_PROMPT
+    for tag in ("<think>", "<python>", "<result>", "<answer>", "\\boxed"):
+        assert tag in SHORT_MATH_PROMPT
