@@ -72,24 +72,25 @@ def heldout_table(result):
     from rich.table import Table
 
     before, after = result.heldout[0], result.heldout[-1]
-    table = Table(title=f"held-out accuracy ({len(after.correct)} questions, greedy, 95% bootstrap CI)")
-    for column in ("", "accuracy", "95% CI", "format rate", "tool calls", "mean reward"):
-        table.add_column(column, justify="right" if column else "left")
+    table = Table(title=f"held-out accuracy: {len(after.correct)} test questions, greedy, 95% bootstrap CI")
+    for column in ("policy", "accuracy [95% CI]", "format", "tool calls", "reward"):
+        table.add_column(column, justify="left" if column == "policy" else "right", no_wrap=True)
 
     def row(label, evaluation):
         metrics = evaluation.metrics
-        table.add_row(label, f"{metrics['eval/accuracy']:.3f}",
-                      f"[{metrics['eval/accuracy_ci_low']:.3f}, {metrics['eval/accuracy_ci_high']:.3f}]",
+        table.add_row(label, f"{metrics['eval/accuracy']:.3f} [{metrics['eval/accuracy_ci_low']:.3f}, "
+                             f"{metrics['eval/accuracy_ci_high']:.3f}]",
                       f"{metrics['eval/format_rate']:.2f}", f"{metrics['eval/tool_calls']:.2f}",
                       f"{metrics['eval/reward']:.3f}")
 
-    row("warm-up only (step 0)", before)
+    row("warm-up only", before)
     row(f"after RL (step {after.step})", after)
     difference = result.heldout_difference
     if difference is not None:
-        verdict = "CI above 0" if difference.low > 0 else "CI includes 0" if difference.high >= 0 else "CI below 0"
-        table.add_row("difference", f"{difference.mean:+.3f}", f"[{difference.low:+.3f}, {difference.high:+.3f}]",
-                      "", "", verdict)
+        verdict = "above 0" if difference.low > 0 else "includes 0" if difference.high >= 0 else "below 0"
+        table.add_row("difference", f"{difference.mean:+.3f} [{difference.low:+.3f}, {difference.high:+.3f}]", "", "",
+                      "")
+        table.caption = f"difference: after RL minus warm-up only, paired over the same questions; its CI {verdict}"
     return table
 
 
