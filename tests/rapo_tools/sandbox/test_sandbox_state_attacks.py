@@ -59,7 +59,11 @@ SEEK = (
     "buffer = ctypes.create_string_buffer(64)\n"
     "key = libc.syscall(249, b'user', b'rapo', None, 0)\n"  # request_key, then keyctl(KEYCTL_READ)
     "found.append(libc.syscall(250, 11, key, buffer, 64) if key != -1 else -1)\n"
-    "found += glob.glob('/dev/shm/*') + glob.glob('/tmp/*') + glob.glob('/tmp/.*')\n"
+    "import sys\n"
+    # A venv kept under /tmp (a CI clone) is bound read-only for the interpreter: its folder is no leftover.
+    "interpreter = (os.path.realpath(sys.prefix) + '/', os.path.realpath(sys.base_prefix) + '/')\n"
+    "found += [path for path in glob.glob('/dev/shm/*') + glob.glob('/tmp/*') + glob.glob('/tmp/.*')\n"
+    "          if not any(prefix.startswith(os.path.realpath(path) + '/') for prefix in interpreter)]\n"
     "print(found)"
 )
 
