@@ -61,11 +61,10 @@ class ModelConfig:
     """Recompute activations in the backward pass: ``auto`` (on GPU only), ``true`` or ``false``."""
     bf16_autocast: str = "auto"
     """Run forward passes under bfloat16 autocast: ``auto`` (on GPU only), ``true`` or ``false``."""
-    trainable_layers: int | None = None
-    """Train only the last N decoder layers and the final norm, the rest frozen (None: the whole model). The
-    backward pass then stops N layers deep, which on a CPU makes an update about twice as fast for N = a third of
-    the layers; RL's fixes to a warmed-up policy (when to call the tool, what to write after its result) live in
-    the last layers."""
+    trainable_layers: int | None = 10
+    """RL updates only the last N decoder layers and the final norm, the rest frozen (None, or N at least the
+    number of layers: the whole model; the warm-up always trains the whole model). The backward pass then stops N
+    layers deep: for SmolLM2-135M's 30 layers, N = 10 makes a CPU update about twice as fast."""
 
 
 @dataclasses.dataclass
@@ -84,6 +83,10 @@ class DataConfig:
     """The registered Gymnasium env that scores the episodes."""
     env_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
     """Extra keyword arguments of ``gym.make(env_id, ...)`` (reward, sandbox, search service URL, ...)."""
+    system_prompt: str | None = "short"
+    """System prompt of ``RAPO-Math-v0`` when ``env_kwargs`` sets none: ``short`` (the protocol in three sentences,
+    about 55 tokens: every prompt token is paid for in every CPU update) or None (the env's full prompt). Other
+    envs ignore it."""
     shuffle: bool = True
     """Visit the questions in a fresh seeded order every epoch."""
 
@@ -123,7 +126,7 @@ class RetrievalConfig:
     """FAISS index of a buffer JSONL given as ``retriever`` (``rapo buffer index`` writes it)."""
     retrieve_prob: float = 0.5
     """Probability of a retrieval after each retrieval round (``retrieve_after``) of a hybrid rollout."""
-    no_retrieve_first_k: int = 2
+    no_retrieve_first_k: int = 1
     """The first k rollouts of each group stay on-policy (the paper: 8 of 16)."""
     topk: int = 3
     """Candidates retrieved per query; one is spliced."""
@@ -139,23 +142,24 @@ class RetrievalConfig:
 class OptimConfig:
     """The optimiser and the PPO-style update schedule."""
 
-    lr: float = 1e-5
-    """AdamW learning rate, constant (the reference's 7B recipe uses 1e-6)."""
+    lr: float = 5e-5
+    """AdamW learning rate, constant (the reference's 7B recipe uses 1e-6; the embedded 135M job, which updates
+    only its last layers for 10 steps, uses 5e-5)."""
     weight_decay: float = 0.01
     """AdamW weight decay."""
     betas: tuple[float, float] = (0.9, 0.999)
     """AdamW betas."""
     grad_clip: float = 1.0
     """Clip the global gradient norm to this value."""
-    train_batch_size: int = 2
+    train_batch_size: int = 4
     """Questions per training step (the reference: 32)."""
-    ppo_mini_batch_size: int = 2
+    ppo_mini_batch_size: int = 4
     """Questions per optimiser step (the reference: 16, i.e. two optimiser steps per batch)."""
-    micro_batch_size: int = 4
+    micro_batch_size: int = 8
     """Sequences per forward/backward pass; gradients accumulate up to a mini-batch."""
     ppo_epochs: int = 1
     """Passes over each batch of rollouts."""
-    total_steps: int = 6
+    total_steps: int = 10
     """Training steps (batches of questions); the run also ends after ``total_epochs``."""
     total_epochs: int = 3
     """Passes over the question set."""
@@ -220,9 +224,11 @@ class TrainConfig:
     data: DataConfig = dataclasses.field(default_factory=DataConfig)
     """The training questions."""
     rollout: RolloutConfig = dataclasses.field(default_factory=lambda: RolloutConfig(
-        rollout_n=4, max_prompt_tokens=512, max_response_tokens=256, max_turn_tokens=128))
+        rollout_n=4, temperature=0.8, max_prompt_tokens=512, max_response_tokens=192, max_turn_tokens=96,
+        max_tool_calls=1))
     """Rollout generation: the engine's own settings (every key documented in
-    ``rapo_agents.rollout.config.RolloutConfig``), with the embedded CPU job's group and budgets."""
+    ``rapo_agents.rollout.config.RolloutConfig``), with the embedded CPU job's group, sampling, budgets and one
+    python call per episode (what `make run` needs to show learning in 10 minutes, see docs/training.md)."""
     retrieval: RetrievalConfig = dataclasses.field(default_factory=RetrievalConfig)
     """Hybrid-policy rollouts."""
     arpo: ARPOConfig = dataclasses.field(default_factory=ARPOConfig)

@@ -113,17 +113,20 @@ def load_model_and_tokenizer(config: TrainConfig, device: torch.device):
 
 def freeze_all_but_last_layers(model: torch.nn.Module, count: int) -> None:
     """Leave only the last ``count`` decoder layers and the final norm trainable (embeddings and any tied
-    ``lm_head`` frozen).
+    ``lm_head`` frozen); a ``count`` of at least the number of layers leaves the whole model trainable.
 
     Raises:
-        ValueError: when ``count`` is not in ``1..number of layers`` or the model has no ``layers`` list.
+        ValueError: when ``count`` is below 1 or the model has no ``layers`` list.
     """
     decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
     layers = getattr(decoder, "layers", None)
     if not isinstance(layers, torch.nn.ModuleList):
         raise ValueError(f"model.trainable_layers needs a decoder with a layers list; {type(model).__name__} has none")
-    if not 1 <= count <= len(layers):
-        raise ValueError(f"model.trainable_layers must be between 1 and {len(layers)}, got {count}")
+    if count < 1:
+        raise ValueError(f"model.trainable_layers must be >= 1 (or None for the whole model), got {count}")
+    if count >= len(layers):
+        model.requires_grad_(True)
+        return
     model.requires_grad_(False)
     for layer in layers[len(layers) - count:]:
         layer.requires_grad_(True)
@@ -541,6 +544,8 @@ def training_env_kwargs(config: TrainConfig) -> dict[str, Any]:
     """``gym.make`` keyword arguments of ``config.data.env_id`` for the training questions."""
     data = config.data
     kwargs: dict[str, Any] = {"max_tool_calls": config.rollout.max_tool_calls}
+    if data.env_id == "RAPO-Math-v0" and data.system_prompt is not None:
+        kwargs["system_prompt"] = data.system_prompt
     if data.source == "procedural_math":
         kwargs.update(dataset="procedural", num_tasks=data.num_tasks, difficulty=data.difficulty)
     else:

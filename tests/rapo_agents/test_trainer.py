@@ -411,5 +411,8 @@ def test_trainable_layers_leave_only_the_last_layers_and_the_final_norm_to_the_o
     trainable = {name for name, parameter in model.named_parameters() if parameter.requires_grad}
     assert trainable and all(name.startswith(("model.layers.1.", "model.norm.")) for name in trainable)
     assert "model.embed_tokens.weight" not in trainable
-    with pytest.raises(ValueError, match="between 1 and 2"):
-        freeze_all_but_last_layers(tiny_model(), 3)
+    whole = tiny_model()
+    freeze_all_but_last_layers(whole, 3)  # more layers than the model has: all of it
+    assert all(parameter.requires_grad for parameter in whole.parameters())
+    with pytest.raises(ValueError, match=">= 1"):
+        freeze_all_but_last_layers(tiny_model(), 0)
