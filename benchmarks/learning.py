@@ -138,11 +138,12 @@ def main() -> None:
 
     rows = []
     for setting in args.settings:
-        floor = [run["heldout"][0]["eval/accuracy"] for run in runs
-                 if run["setting"] == setting and run["heldout"] and run["heldout"][0]["step"] == 0]
+        # The methods of a seed share the warm-up, so one method's step-0 evaluations are the floor, one per seed.
+        floor = [run["heldout"][0]["eval/accuracy"] for run in runs if run["setting"] == setting
+                 and run["method"] == args.methods[0] and run["heldout"] and run["heldout"][0]["step"] == 0]
         if floor and setting == "warm-up":
-            mean, half = mean_and_interval(floor[:: len(args.methods)])  # one floor per seed
-            rows.append({"setting": setting, "method": "warm-up only", "seeds": len(floor[:: len(args.methods)]),
+            mean, half = mean_and_interval(floor)
+            rows.append({"setting": setting, "method": "warm-up only", "seeds": len(floor),
                          "accuracy before": mean, "accuracy after": mean, "± across seeds": half})
         for method in args.methods:
             chosen = [run for run in runs if run["setting"] == setting and run["method"] == method]

@@ -79,6 +79,10 @@ def _fsync_tree(folder: Path) -> None:
         if path.is_file():
             with path.open("rb") as handle:
                 os.fsync(handle.fileno())
+    _fsync_folder(folder)
+
+
+def _fsync_folder(folder: Path) -> None:
     descriptor = os.open(folder, os.O_RDONLY)
     try:
         os.fsync(descriptor)
@@ -143,6 +147,7 @@ class CheckpointManager:
         if final.exists():
             os.replace(final, retired)
         os.replace(temporary, final)
+        _fsync_folder(self.directory)  # the rename itself survives a crash
         shutil.rmtree(retired, ignore_errors=True)
         for old in self.checkpoints()[: -self.keep_last]:
             shutil.rmtree(old, ignore_errors=True)

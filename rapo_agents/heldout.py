@@ -114,16 +114,21 @@ class HeldoutResult:
     ``eval/reward``, ``eval/response_tokens`` and ``time/eval_s``."""
 
 
-def heldout_metrics(trajectories: Sequence[Trajectory], config: HeldoutConfig, seed: int) -> dict[str, float]:
-    """The ``eval/*`` metrics of one evaluation's trajectories (one per question)."""
-    correct = [float(t.metrics.get("accuracy", t.metrics.get("em", 0.0))) for t in trajectories]
+def question_accuracy(trajectories: Sequence[Trajectory]) -> list[float]:
+    """Accuracy (math) or exact match (QA) of each trajectory, in order."""
+    return [float(t.metrics.get("accuracy", t.metrics.get("em", 0.0))) for t in trajectories]
+
+
+def heldout_metrics(trajectories: Sequence[Trajectory], correct: Sequence[float], config: HeldoutConfig,
+                    seed: int) -> dict[str, float]:
+    """The ``eval/*`` metrics of one evaluation's trajectories (one per question) and their `question_accuracy`."""
     low, high = bootstrap_ci(correct, config.confidence, config.bootstrap_resamples, seed)
 
     def mean(values: list[float]) -> float:
         return float(np.mean(values)) if values else float("nan")
 
     return {
-        "eval/accuracy": mean(correct),
+        "eval/accuracy": mean(list(correct)),
         "eval/accuracy_ci_low": low,
         "eval/accuracy_ci_high": high,
         "eval/format_rate": mean([float(t.metrics.get("format_ok", 0.0)) for t in trajectories]),
@@ -177,9 +182,9 @@ class HeldoutEvaluator:
         trajectories = self.engine.run(list(range(self.num_tasks)), seed=self.seed,
                                        on_trajectory=lambda _: bar.update(1))
         bar.close()
-        metrics = heldout_metrics(trajectories, self.config, self.seed)
+        correct = question_accuracy(trajectories)
+        metrics = heldout_metrics(trajectories, correct, self.config, self.seed)
         metrics["time/eval_s"] = time.perf_counter() - started
-        correct = [float(t.metrics.get("accuracy", t.metrics.get("em", 0.0))) for t in trajectories]
         return HeldoutResult(step=step, correct=correct, metrics=metrics)
 
     def close(self) -> None:
