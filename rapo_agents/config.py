@@ -296,6 +296,15 @@ class TrainConfig:
         """A plain nested dict (YAML/JSON-ready)."""
         return _plain(dataclasses.asdict(self))
 
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
+        """The config that `to_dict` wrote (a checkpoint's ``trainer_state.json`` holds one).
+
+        Raises:
+            ConfigError: for unknown keys or wrongly typed values.
+        """
+        return _from_dict(cls, data)
+
     def to_yaml(self, path: str | os.PathLike[str]) -> None:
         """Write the config as YAML (what a run folder keeps as ``config.yaml``)."""
         Path(path).write_text(yaml.safe_dump(self.to_dict(), sort_keys=False), encoding="utf-8")

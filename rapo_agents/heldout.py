@@ -139,6 +139,16 @@ def heldout_metrics(trajectories: Sequence[Trajectory], correct: Sequence[float]
     }
 
 
+def heldout_env_kwargs(env_kwargs: dict[str, Any], config: HeldoutConfig) -> dict[str, Any]:
+    """The held-out env's ``gym.make`` keyword arguments: the training env's, with the held-out split and size
+    (procedural math) and ``config.heldout_env_kwargs`` on top."""
+    kwargs = dict(env_kwargs)
+    if kwargs.get("dataset") == "procedural":
+        kwargs.update(split=config.split, num_tasks=config.heldout_tasks)
+    kwargs.update(config.heldout_env_kwargs)
+    return kwargs
+
+
 class HeldoutEvaluator:
     """Greedy rollouts of the held-out questions with the training policy.
 
@@ -156,10 +166,7 @@ class HeldoutEvaluator:
                  rollout: RolloutConfig, config: HeldoutConfig, seed: int = 0):
         self.config = config
         self.seed = seed
-        kwargs = dict(env_kwargs)
-        if kwargs.get("dataset") == "procedural":
-            kwargs.update(split=config.split, num_tasks=config.heldout_tasks)
-        kwargs.update(config.heldout_env_kwargs)
+        kwargs = heldout_env_kwargs(env_kwargs, config)
         greedy = dataclasses.replace(
             rollout, rollout_n=1, temperature=0.0, top_p=1.0, top_k=0, show_progress=False,
             max_response_tokens=config.max_eval_tokens or rollout.max_response_tokens,

@@ -4,11 +4,19 @@ Example:
     rapo eval --env RAPO-Math-v0 --limit 20 --output runs/eval_math.jsonl   # the embedded SmolLM2-135M
     rapo eval --env RAPO-Math-v0 --env-kwargs '{"dataset": "../shared/data/math/gsm8k_test.jsonl"}' --greedy
     rapo eval --policy openai --base-url http://127.0.0.1:8000/v1 --tokenizer path/to/tokenizer
+    rapo eval --model runs/rapo/checkpoints/step_000010 --greedy   # on the run's own held-out settings
+
+A checkpoint folder that ``rapo train`` wrote names its run's settings (``trainer_state.json``): without
+``--env-kwargs`` and ``--max-tokens`` it is evaluated on the run's held-out questions, prompt, tool limit and
+response budget, so the figures compare with the run's held-out evaluation.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+from pathlib import Path
+from typing import Any
 
 from rapo_cli import checks
 
@@ -26,8 +34,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     defaults = EvalConfig()
     parser.add_argument("--env", default=defaults.env, help="registered env id")
-    parser.add_argument("--env-kwargs", default="{}",
-                        help="JSON dict of gym.make keyword arguments (dataset, split, ...)")
+    parser.add_argument("--env-kwargs", default=None,
+                        help="JSON dict of gym.make keyword arguments (dataset, split, ...); default: none, or a "
+                             "rapo checkpoint's held-out settings")
     add_policy_arguments(parser)
     parser.add_argument("--limit", type=int, default=None, help="evaluate the first N questions")
     parser.add_argument("--rollouts", type=int, default=1, help="rollouts per question")
@@ -61,7 +70,7 @@ def max_tokens(args: argparse.Namespace) -> int:
 def check_arguments(args: argparse.Namespace) -> dict:
     """Every option checked before a model loads; returns ``--env-kwargs`` as a dict."""
     checks.env_id(args.env)
-    env_kwargs = checks.env_kwargs(args.env_kwargs)
+    env_kwargs = checks.env_kwargs(args.env_kwargs or "{}")
     checks.policy(args)
     for name in ("limit", "rollouts", "max_tokens"):
         value = getattr(args, name)
@@ -69,6 +78,26 @@ def check_arguments(args: argparse.Namespace) -> dict:
             raise checks.UsageError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
     checks.output_file(args.output or default_output(args.env), "--output")
     return env_kwargs
+
+
+def trained_settings(model: str | None, env: str) -> tuple[dict[str, Any], int] | None:
+    """The held-out evaluation settings of the rapo run that wrote checkpoint folder ``model``: its ``gym.make``
+    keyword arguments and response budget. None for any other model, or a checkpoint trained on another env."""
+    from rapo_agents.config import ConfigError, TrainConfig
+    from rapo_agents.heldout import heldout_env_kwargs
+    from rapo_agents.trainer import training_env_kwargs
+
+    state_file = Path(model) / "trainer_state.json" if model else None
+    if state_file is None or not state_file.is_file():
+        return None
+    try:
+        config = TrainConfig.from_dict(json.loads(state_file.read_text(encoding="utf-8"))["config"])
+    except (OSError, ConfigError, ValueError, KeyError, TypeError):  # not a rapo run's state: plain settings
+        return None
+    if config.data.env_id != env:
+        return None
+    kwargs = heldout_env_kwargs(training_env_kwargs(config), config.evaluation)
+    return kwargs, config.evaluation.max_eval_tokens or config.rollout.max_response_tokens
 
 
 def default_output(env: str) -> str:
@@ -86,10 +115,18 @@ def run(args: argparse.Namespace) -> int:
     console = Console()
     if args.policy == "scripted":
         console.print(SCRIPTED_NOTE)
+    response_budget = max_tokens(args)
+    trained = trained_settings(args.model, args.env) if args.env_kwargs is None else None
+    if trained is not None:
+        env_kwargs, run_budget = trained
+        response_budget = args.max_tokens or run_budget
+        console.print(f"{args.model} was written by `rapo train`: evaluating on its run's held-out settings "
+                      f"{json.dumps(env_kwargs)}, {response_budget} response tokens (--env-kwargs and --max-tokens "
+                      "replace them)")
     config = EvalConfig(
         env=args.env, env_kwargs=env_kwargs, limit=args.limit, rollouts=args.rollouts,
         temperature=0.0 if args.greedy else args.temperature, top_p=args.top_p, top_k=args.top_k,
-        max_response_tokens=max_tokens(args), max_tool_calls=args.max_tool_calls, metric=args.metric,
+        max_response_tokens=response_budget, max_tool_calls=args.max_tool_calls, metric=args.metric,
         output=args.output or default_output(args.env), resume=not args.no_resume, seed=args.seed,
     )
     report = evaluate(policy_from_args(args), config)

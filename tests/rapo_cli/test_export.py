@@ -15,12 +15,10 @@ def rapo(*args: str) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture(scope="module")
-def run_folder(tmp_path_factory, policy_tokenizer_dir):
-    """A run folder whose checkpoint holds a small random Llama with the embedded SmolLM2 tokenizer and template."""
+def small_policy(policy_tokenizer_dir):
+    """A small random Llama with the embedded SmolLM2 tokenizer and chat template."""
     import torch
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
-
-    from rapo_agents.checkpoint import CheckpointManager
 
     tokenizer = AutoTokenizer.from_pretrained(policy_tokenizer_dir)
     torch.manual_seed(0)
@@ -28,9 +26,30 @@ def run_folder(tmp_path_factory, policy_tokenizer_dir):
         vocab_size=len(tokenizer), hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
         num_key_value_heads=1, tie_word_embeddings=True, bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id))
+    return model, tokenizer
+
+
+@pytest.fixture(scope="module")
+def run_folder(tmp_path_factory, small_policy):
+    """A run folder whose checkpoint holds the small policy and a trainer state without a config."""
+    from rapo_agents.checkpoint import CheckpointManager
+
     folder = tmp_path_factory.mktemp("run")
-    CheckpointManager(folder / "checkpoints").save(3, {"trainer": {"step": 3}}, model, tokenizer)
+    CheckpointManager(folder / "checkpoints").save(3, {"trainer": {"step": 3}}, *small_policy)
     return folder
+
+
+@pytest.fixture(scope="module")
+def trained_checkpoint(tmp_path_factory, small_policy):
+    """A checkpoint as `rapo train` writes it: the trainer state names the run's config."""
+    from rapo_agents.checkpoint import CheckpointManager
+    from rapo_agents.config import load_config
+
+    config = load_config(None, ["evaluation.heldout_tasks=2", "evaluation.max_eval_tokens=8",
+                                'data.env_kwargs={"sandbox": "subprocess"}'])
+    folder = tmp_path_factory.mktemp("trained")
+    return CheckpointManager(folder / "checkpoints").save(
+        5, {"trainer": {"step": 5, "config": config.to_dict()}}, *small_policy)
 
 
 def test_a_checkpoint_holds_the_tokenizer_and_chat_template(run_folder):
@@ -50,6 +69,29 @@ def test_rapo_eval_runs_on_a_checkpoint(run_folder, tmp_path):
     assert result.returncode == 0, result.stderr[-2000:]
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(rows) == 1 and rows[0]["response_tokens"] > 0
+
+
+def test_rapo_eval_of_a_training_checkpoint_uses_its_runs_heldout_settings(trained_checkpoint, tmp_path):
+    out = tmp_path / "eval.jsonl"
+    result = rapo("eval", "--model", str(trained_checkpoint), "--greedy", "--output", str(out))
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "held-out settings" in result.stdout
+    for setting in ('"split": "test"', '"system_prompt": "short"', '"max_tool_calls": 1', "8 response tokens"):
+        assert setting in result.stdout
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(rows) == 2 and all(row["response_tokens"] <= 8 for row in rows)
+
+
+def test_the_run_settings_of_a_checkpoint_give_way_to_the_command_line(trained_checkpoint, run_folder, tmp_path):
+    from rapo_cli.eval import trained_settings
+
+    assert trained_settings(str(trained_checkpoint), "RAPO-QA-v0") is None  # trained on another env
+    assert trained_settings(str(run_folder / "checkpoints" / "step_000003"), "RAPO-Math-v0") is None  # no config
+    out = tmp_path / "eval.jsonl"
+    result = rapo("eval", "--model", str(trained_checkpoint), "--limit", "1", "--max-tokens", "4",
+                  "--env-kwargs", '{"sandbox": "subprocess"}', "--output", str(out))
+    assert result.returncode == 0 and "held-out settings" not in result.stdout, result.stderr[-2000:]
+    assert len(out.read_text().splitlines()) == 1
 
 
 def test_rapo_export_writes_a_folder_plain_transformers_loads(run_folder, tmp_path):
