@@ -22,6 +22,7 @@ a 95% t-interval across seeds. Everything goes to ``benchmarks/results/learning[
     python benchmarks/learning.py              # 3 seeds x {RAPO, GRPO} x {warm-up, none}
     python benchmarks/learning.py --quick      # 1 seed, 2 steps, 20 held-out questions (a smoke run, minutes)
     python benchmarks/learning.py --seeds 0 1 2 3 --set total_steps=16
+    python benchmarks/learning.py --report-only   # the table and plot again, from the run folders
 """
 
 from __future__ import annotations
@@ -45,28 +46,47 @@ SETTINGS = {"warm-up": [], "no warm-up": ["warmup.sft_steps=0"]}
 QUICK = ["total_steps=2", "evaluation.heldout_tasks=20"]
 
 
-def run_one(method: str, setting: str, seed: int, overrides: list[str], output_root: Path) -> dict:
-    """Train one run from scratch; its per-step history, held-out evaluations and seconds."""
+def run_folder(output_root: Path, method: str, setting: str, seed: int) -> Path:
+    return output_root / f"{method.lower()}-{setting.replace(' ', '')}-seed{seed}"
+
+
+def train_one(method: str, setting: str, seed: int, overrides: list[str], folder: Path) -> None:
+    """Train one run from scratch into ``folder``."""
     from rapo_agents.config import load_config
     from rapo_agents.trainer import RAPOTrainer
 
-    folder = output_root / f"{method.lower()}-{setting.replace(' ', '')}-seed{seed}"
     config = load_config(None, [*METHODS[method], *SETTINGS[setting], *overrides, f"seed={seed}",
                                 "logging.resume=false", "logging.plot=false", f"logging.output_dir={folder}"])
-    trainer = RAPOTrainer(config)
-    result = trainer.train()
-    history = result.history
-    difference = result.heldout_difference
+    RAPOTrainer(config).train()
+
+
+def summarize(method: str, setting: str, seed: int, folder: Path) -> dict:
+    """One finished run, read back from what it wrote: per-step history, held-out evaluations and seconds."""
+    import json
+
+    from rapo_agents.heldout import paired_difference
+    from rapo_agents.metrics import read_metrics
+
+    history = [record for record in read_metrics(folder / "metrics.jsonl") if record["step"] > 0]
+    heldout = read_metrics(folder / "eval" / "metrics.jsonl")
+    profile = json.loads((folder / "profile.json").read_text(encoding="utf-8"))
+    difference = paired_difference(heldout[0]["correct"], heldout[-1]["correct"]) if len(heldout) > 1 else None
+
+    def mean_of(key: str) -> float:
+        return statistics.fmean(record.get(key, 0.0) for record in history) if history else 0.0
+
     return {
         "method": method, "setting": setting, "seed": seed, "folder": str(folder),
-        "heldout": [{"step": e.step, **{k: e.metrics[k] for k in ("eval/accuracy", "eval/accuracy_ci_low",
-                                                                   "eval/accuracy_ci_high", "eval/format_rate")}}
-                    for e in result.heldout],
+        "heldout": [{key: evaluation[key] for key in ("step", "eval/accuracy", "eval/accuracy_ci_low",
+                                                      "eval/accuracy_ci_high", "eval/format_rate", "correct")}
+                    for evaluation in heldout],
         "difference": None if difference is None else vars(difference),
-        "rewarded_rollouts": statistics.fmean(r["reward/above_penalty_rate"] for r in history) if history else 0.0,
-        "updates": sum(1 for r in history if not r.get("optim/skipped_zero_advantage")),
-        "reward_mean": statistics.fmean(r["reward/mean"] for r in history) if history else float("nan"),
-        "seconds": sum(result.profile.values()) - result.profile.get("generate", 0) - result.profile.get("tools", 0),
+        "rewarded_rollouts": mean_of("reward/above_penalty_rate"),
+        "spliced_rollouts": mean_of("retrieval/rollouts_with_retrieval"),
+        "updates": sum(1 for record in history if not record.get("optim/skipped_zero_advantage")),
+        "reward_mean": mean_of("reward/mean") if history else float("nan"),
+        # generation and tool time overlap inside the rollout phase
+        "seconds": sum(profile.values()) - profile.get("generate", 0) - profile.get("tools", 0),
     }
 
 
@@ -76,6 +96,17 @@ def mean_and_interval(values: list[float]) -> tuple[float, float]:
         return (values[0] if values else float("nan")), 0.0
     t_975 = {2: 12.706, 3: 4.303, 4: 3.182, 5: 2.776, 6: 2.571}.get(len(values), 2.262)
     return statistics.fmean(values), t_975 * statistics.stdev(values) / math.sqrt(len(values))
+
+
+def rapo_against_grpo(runs: list[dict]) -> list[dict]:
+    """RAPO's final held-out accuracy minus GRPO's, paired over the same questions, for each seed and setting."""
+    from rapo_agents.heldout import paired_difference
+
+    final = {(run["method"], run["setting"], run["seed"]): run["heldout"][-1]["correct"] for run in runs
+             if run["heldout"]}
+    return [{"setting": setting, "seed": seed, **vars(paired_difference(grpo, final[("RAPO", setting, seed)]))}
+            for (method, setting, seed), grpo in final.items()
+            if method == "GRPO" and ("RAPO", setting, seed) in final]
 
 
 def plot(runs: list[dict], path: Path, title: str) -> Path:
@@ -122,6 +153,8 @@ def main() -> None:
     parser.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=list(SETTINGS))
     parser.add_argument("--set", nargs="*", default=[], metavar="key=value", help="overrides for every run")
     parser.add_argument("--output", default="runs/learning", help="where the run folders go")
+    parser.add_argument("--report-only", action="store_true",
+                        help="tabulate the finished run folders under --output again, without training")
     args = parser.parse_args()
     seeds = args.seeds if args.seeds is not None else ([0] if args.quick else [0, 1, 2])
     overrides = (QUICK if args.quick else []) + list(args.set)
@@ -133,8 +166,13 @@ def main() -> None:
     for seed in seeds:
         for setting in args.settings:
             for method in args.methods:
-                print(f"== {method}, {setting}, seed {seed}")
-                runs.append(run_one(method, setting, seed, overrides, Path(args.output)))
+                folder = run_folder(Path(args.output), method, setting, seed)
+                if not args.report_only:
+                    print(f"== {method}, {setting}, seed {seed}")
+                    train_one(method, setting, seed, overrides, folder)
+                elif not (folder / "profile.json").is_file():
+                    raise SystemExit(f"--report-only: {folder} holds no finished run; train it first")
+                runs.append(summarize(method, setting, seed, folder))
 
     rows = []
     for setting in args.settings:
@@ -158,17 +196,24 @@ def main() -> None:
                 "difference": statistics.fmean(deltas) if deltas else float("nan"),
                 "seeds with CI > 0": sum(1 for run in chosen if run["difference"] and run["difference"]["low"] > 0),
                 "rollouts with reward > -1": statistics.fmean(run["rewarded_rollouts"] for run in chosen),
+                "rollouts spliced": statistics.fmean(run["spliced_rollouts"] for run in chosen),
                 "updates": statistics.fmean(run["updates"] for run in chosen),
                 "train reward": statistics.fmean(run["reward_mean"] for run in chosen),
                 "seconds / run": statistics.fmean(run["seconds"] for run in chosen),
             })
+    head_to_head = rapo_against_grpo(runs)
     name = "learning_quick" if args.quick else "learning"
     picture = plot(runs, RESULTS_DIR / f"{name}.png", f"RAPO vs GRPO, held-out accuracy, seeds {seeds}")
     columns = ["setting", "method", "seeds", "accuracy before", "accuracy after", "± across seeds", "difference",
-               "seeds with CI > 0", "rollouts with reward > -1", "updates", "train reward", "seconds / run"]
+               "seeds with CI > 0", "rollouts with reward > -1", "rollouts spliced", "updates", "train reward",
+               "seconds / run"]
     report(name, "held-out accuracy (greedy): warm-up only, RAPO and GRPO, same budget", columns, rows,
-           extra={"overrides": overrides, "seeds": seeds, "runs": runs, "plot": str(picture),
+           extra={"overrides": overrides, "seeds": seeds, "runs": runs, "rapo_minus_grpo": head_to_head,
+                  "plot": str(picture),
                   "load_average_before": load_before, "load_average_after": os.getloadavg()})
+    for comparison in head_to_head:
+        print(f"RAPO - GRPO after RL, {comparison['setting']}, seed {comparison['seed']}: {comparison['mean']:+.2f} "
+              f"[{comparison['low']:+.2f}, {comparison['high']:+.2f}] (paired over the same questions)")
     print(f"curves: {picture}")
 
 
