@@ -56,6 +56,8 @@ class EvalConfig:
     """Top-k sampling."""
     max_response_tokens: int = 4096
     """Token budget of each episode's response."""
+    max_turn_tokens: int | None = None
+    """Token budget of one model turn (None: the rest of the response budget), as in training's rollouts."""
     max_prompt_tokens: int = 2048
     """Longest templated prompt."""
     max_tool_calls: int | None = None
@@ -159,8 +161,8 @@ def evaluate(policy: Policy, config: EvalConfig) -> EvalReport:
     metric = config.metric if config.metric != "auto" else ("math" if tools == ["python"] else "qa")
     rollout = RolloutConfig(
         rollout_n=config.rollouts, max_prompt_tokens=config.max_prompt_tokens,
-        max_response_tokens=config.max_response_tokens, temperature=config.temperature, top_p=config.top_p,
-        top_k=config.top_k,
+        max_response_tokens=config.max_response_tokens, max_turn_tokens=config.max_turn_tokens,
+        temperature=config.temperature, top_p=config.top_p, top_k=config.top_k,
     )
     engine = RolloutEngine(config.env, policy, rollout, env_kwargs=_env_kwargs_with_limits(config, tools))
     output = Path(config.output) if config.output else None

@@ -14,6 +14,7 @@ response budget, so the figures compare with the run's held-out evaluation.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -80,9 +81,10 @@ def check_arguments(args: argparse.Namespace) -> dict:
     return env_kwargs
 
 
-def trained_settings(model: str | None, env: str) -> tuple[dict[str, Any], int] | None:
-    """The held-out evaluation settings of the rapo run that wrote checkpoint folder ``model``: its ``gym.make``
-    keyword arguments and response budget. None for any other model, or a checkpoint trained on another env."""
+def trained_settings(model: str | None, env: str) -> dict[str, Any] | None:
+    """The held-out evaluation settings of the rapo run that wrote checkpoint folder ``model``, as `EvalConfig`
+    fields: its ``gym.make`` keyword arguments, response budget and per-turn budget. None for any other model, or a
+    checkpoint trained on another env."""
     from rapo_agents.config import ConfigError, TrainConfig
     from rapo_agents.heldout import heldout_env_kwargs
     from rapo_agents.trainer import training_env_kwargs
@@ -96,8 +98,9 @@ def trained_settings(model: str | None, env: str) -> tuple[dict[str, Any], int] 
         return None
     if config.data.env_id != env:
         return None
-    kwargs = heldout_env_kwargs(training_env_kwargs(config), config.evaluation)
-    return kwargs, config.evaluation.max_eval_tokens or config.rollout.max_response_tokens
+    return {"env_kwargs": heldout_env_kwargs(training_env_kwargs(config), config.evaluation),
+            "max_response_tokens": config.evaluation.max_eval_tokens or config.rollout.max_response_tokens,
+            "max_turn_tokens": config.rollout.max_turn_tokens}
 
 
 def default_output(env: str) -> str:
@@ -115,20 +118,20 @@ def run(args: argparse.Namespace) -> int:
     console = Console()
     if args.policy == "scripted":
         console.print(SCRIPTED_NOTE)
-    response_budget = max_tokens(args)
-    trained = trained_settings(args.model, args.env) if args.env_kwargs is None else None
-    if trained is not None:
-        env_kwargs, run_budget = trained
-        response_budget = args.max_tokens or run_budget
-        console.print(f"{args.model} was written by `rapo train`: evaluating on its run's held-out settings "
-                      f"{json.dumps(env_kwargs)}, {response_budget} response tokens (--env-kwargs and --max-tokens "
-                      "replace them)")
     config = EvalConfig(
         env=args.env, env_kwargs=env_kwargs, limit=args.limit, rollouts=args.rollouts,
         temperature=0.0 if args.greedy else args.temperature, top_p=args.top_p, top_k=args.top_k,
-        max_response_tokens=response_budget, max_tool_calls=args.max_tool_calls, metric=args.metric,
+        max_response_tokens=max_tokens(args), max_tool_calls=args.max_tool_calls, metric=args.metric,
         output=args.output or default_output(args.env), resume=not args.no_resume, seed=args.seed,
     )
+    trained = trained_settings(args.model, args.env) if args.env_kwargs is None else None
+    if trained is not None:
+        if args.max_tokens is not None:
+            trained.update(max_response_tokens=args.max_tokens, max_turn_tokens=None)
+        config = dataclasses.replace(config, **trained)
+        console.print(f"{args.model} was written by `rapo train`: evaluating on its run's held-out settings "
+                      f"{json.dumps(config.env_kwargs)}, {config.max_response_tokens} response tokens "
+                      f"({config.max_turn_tokens} a turn); --env-kwargs and --max-tokens replace them")
     report = evaluate(policy_from_args(args), config)
     summary = report.summary
     policy = "scripted: fixed turns, a smoke test" if args.policy == "scripted" else args.policy

@@ -76,7 +76,8 @@ def test_rapo_eval_of_a_training_checkpoint_uses_its_runs_heldout_settings(train
     result = rapo("eval", "--model", str(trained_checkpoint), "--greedy", "--output", str(out))
     assert result.returncode == 0, result.stderr[-2000:]
     assert "held-out settings" in result.stdout
-    for setting in ('"split": "test"', '"system_prompt": "short"', '"max_tool_calls": 1', "8 response tokens"):
+    for setting in ('"split": "test"', '"system_prompt": "short"', '"max_tool_calls": 1', "8 response tokens",
+                    "(96 a turn)"):
         assert setting in result.stdout
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(rows) == 2 and all(row["response_tokens"] <= 8 for row in rows)
