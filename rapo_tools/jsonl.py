@@ -75,9 +75,17 @@ class JsonlReader(Generic[T]):
         """(line number, reason) of every bad line."""
 
     def __iter__(self) -> Iterator[T]:
+        for _, _, record in self.with_positions():
+            yield record
+
+    def with_positions(self) -> Iterator[tuple[int, int, T]]:
+        """``(line number from 1, byte offset of the line, record)`` for every good line: where it came from, and
+        where to seek to read it again."""
         self.lines, self.skipped = 0, []
+        offset = 0
         with self.path.open("rb") as handle:
             for number, line in enumerate(handle, 1):
+                start, offset = offset, offset + len(line)
                 if not line.strip():
                     continue
                 self.lines += 1
@@ -87,7 +95,7 @@ class JsonlReader(Generic[T]):
                 except _BAD_RECORD as error:
                     self.skipped.append((number, str(error) if isinstance(error, ValueError) else repr(error)))
                     continue
-                yield record
+                yield number, start, record
         if self.skipped:
             number, reason = self.skipped[0]
             logger.warning("%s: skipped %d lines that are not %s (the first, line %d: %s)",

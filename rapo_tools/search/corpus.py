@@ -35,6 +35,8 @@ from typing import Any, overload
 
 import numpy as np
 
+from rapo_tools.jsonl import JsonlReader, loads_line
+
 logger = logging.getLogger(__name__)
 
 CORPUS_FORMATS = ("auto", "jsonl", "json")
@@ -110,7 +112,7 @@ def detect_format(path: str | os.PathLike) -> str:
             if not line.strip():
                 continue
             try:
-                value = json.loads(line)
+                value = loads_line(line)
             except ValueError:
                 return "json"  # a value that continues past the first line
             if isinstance(value, list):
@@ -144,27 +146,18 @@ def _iter_json_document(path: Path) -> Iterator[Passage]:
 
 
 def iter_jsonl_with_offsets(path: str | os.PathLike) -> Iterator[tuple[int, Passage]]:
-    """Stream a JSONL corpus as ``(byte offset, passage)``; malformed lines are skipped and logged."""
-    path = Path(path)
-    skipped = 0
-    row = 0
-    with path.open("rb") as handle:
-        offset = 0
-        for line in handle:
-            start, offset = offset, offset + len(line)
-            if not line.strip():
-                continue
-            try:
-                passage = passage_from_record(json.loads(line), row)
-            except (ValueError, CorpusFormatError) as error:
-                skipped += 1
-                if skipped <= 3:
-                    logger.warning("skipping malformed line at byte %d of %s: %s", start, path, error)
-                continue
-            row += 1
-            yield start, passage
-    if skipped:
-        logger.warning("skipped %d malformed lines of %s", skipped, path)
+    """Stream a JSONL corpus as ``(byte offset, passage)``; malformed lines are skipped and counted
+    (`rapo_tools.jsonl.JsonlReader`)."""
+    good_rows = 0
+
+    def parse(record: Any) -> Passage:
+        nonlocal good_rows
+        passage = passage_from_record(record, good_rows)  # the fallback id is the passage's row in the store
+        good_rows += 1
+        return passage
+
+    for _, offset, passage in JsonlReader(path, parse, what="passages").with_positions():
+        yield offset, passage
 
 
 def iter_passages(path: str | os.PathLike, corpus_format: str = "auto") -> Iterator[Passage]:
@@ -236,7 +229,7 @@ class JsonlPassageStore(PassageStore):
         start = int(self.offsets[row])
         end = self._map.find(b"\n", start)
         line = self._map[start : end if end >= 0 else len(self._map)]
-        return passage_from_record(json.loads(line), row)
+        return passage_from_record(loads_line(line), row)
 
     def close(self) -> None:
         if not self._map.closed:

@@ -34,6 +34,16 @@ def test_bad_lines_are_skipped_counted_and_located(tmp_path, caplog):
     assert "skipped 4 lines that are not id records (the first, line 3" in caplog.text
 
 
+def test_each_good_record_comes_with_its_line_number_and_the_byte_offset_to_seek_back_to(tmp_path):
+    path = tmp_path / "rows.jsonl"
+    path.write_bytes(b'{"id": 1}\nnot json\n\n{"id": 2}\n')
+    positions = list(JsonlReader(path).with_positions())
+    assert [(number, record) for number, _, record in positions] == [(1, {"id": 1}), (4, {"id": 2})]
+    with path.open("rb") as handle:
+        handle.seek(positions[1][1])
+        assert loads_line(handle.readline()) == {"id": 2}
+
+
 def test_old_json_dumps_output_with_nan_still_reads():
     assert np.isnan(loads_line(b'{"loss": NaN}')["loss"])
     assert loads_line(str(2**70)) == 2**70

@@ -19,14 +19,14 @@ from __future__ import annotations
 
 import ast
 import dataclasses
-import json
 import operator
 import os
 import re
 from collections.abc import Iterator
-from pathlib import Path
+from typing import Any
 
 from rapo_env.protocol import format_result
+from rapo_tools.jsonl import JsonlReader
 from rapo_env.trajectory import StepRecord, Trajectory
 
 SOURCE = "gsm8k_train"
@@ -118,47 +118,40 @@ def solution_turns(solution: str) -> SolutionTurns:
 def gsm8k_trajectories(path: str | os.PathLike[str], limit: int | None = None) -> Iterator[Trajectory]:
     """Trajectories (reward 1.0: human solutions are correct) from a GSM8K JSONL file.
 
-    Lines that are not ``{"question": str, "answer": str}`` objects, and solutions without a
-    ``####`` answer, are skipped.
+    Lines that are not ``{"question": str, "answer": str}`` objects, and solutions without a ``####`` answer, are
+    skipped and counted (`rapo_tools.jsonl.JsonlReader`).
     """
-    with Path(path).open(encoding="utf-8") as handle:
-        emitted = 0
-        for line_number, line in enumerate(handle):
-            if limit is not None and emitted >= limit:
-                return
-            try:
-                row = json.loads(line)
-            except ValueError:
-                continue
-            if (
-                not isinstance(row, dict)
-                or not isinstance(row.get("question"), str)
-                or not isinstance(row.get("answer"), str)
-            ):
-                continue
-            turns = solution_turns(row["answer"])
-            if turns.answer is None:
-                continue
-            steps = [
-                StepRecord(
-                    action=action,
-                    observation=observation,
-                    tool="python" if observation else None,
-                    tool_ok=bool(observation) or None,
-                )
-                for action, observation in turns.steps
-            ]
-            emitted += 1
-            yield Trajectory(
-                task_id=f"{SOURCE}-{line_number}",
-                rollout_index=0,
-                question=row["question"],
-                system_prompt="",
-                prompt=row["question"],
-                steps=steps,
-                reward=1.0,
-                metrics={"unconverted_annotations": float(turns.unconverted)},
-                num_tool_calls=len(steps) - 1,
-                end_reason="answer",
-                source=SOURCE,
-            )
+    emitted = 0
+    rows = JsonlReader(path, _solution_row, what="GSM8K solutions with a #### answer")
+    for line_number, _, (row, turns) in rows.with_positions():
+        if limit is not None and emitted >= limit:
+            return
+        steps = [
+            StepRecord(action=action, observation=observation, tool="python" if observation else None,
+                       tool_ok=bool(observation) or None)
+            for action, observation in turns.steps
+        ]
+        emitted += 1
+        yield Trajectory(
+            task_id=f"{SOURCE}-{line_number - 1}",  # the 0-based line index, as buffers built before named them
+            rollout_index=0,
+            question=row["question"],
+            system_prompt="",
+            prompt=row["question"],
+            steps=steps,
+            reward=1.0,
+            metrics={"unconverted_annotations": float(turns.unconverted)},
+            num_tool_calls=len(steps) - 1,
+            end_reason="answer",
+            source=SOURCE,
+        )
+
+
+def _solution_row(row: Any) -> tuple[dict[str, Any], SolutionTurns]:
+    """A GSM8K row and its solution's turns; ``ValueError`` for a row that is not one (skipped and counted)."""
+    if not isinstance(row, dict) or not isinstance(row.get("question"), str) or not isinstance(row.get("answer"), str):
+        raise ValueError('not a {"question": str, "answer": str} object')
+    turns = solution_turns(row["answer"])
+    if turns.answer is None:
+        raise ValueError("the solution has no #### answer")
+    return row, turns

@@ -62,3 +62,13 @@ def test_non_arithmetic_annotations_stay_as_text():
     assert len(turns.steps) == 2
     assert "x = 5" in turns.steps[0][0] and "<python>\n2*3\n</python>" in turns.steps[0][0]
     assert solution_turns("no final answer here").answer is None
+
+
+def test_bad_rows_are_skipped_and_counted_and_ids_keep_their_line(tmp_path, caplog):
+    path = tmp_path / "gsm8k.jsonl"
+    good = json.dumps({"question": "What is 2*3?", "answer": "2*3 = <<2*3=6>>6\n#### 6"})
+    path.write_text("\n".join([good, "{torn", json.dumps({"question": "q", "answer": "no final answer"}), good]))
+    with caplog.at_level("WARNING"):
+        trajectories = list(gsm8k_trajectories(path))
+    assert [t.task_id for t in trajectories] == ["gsm8k_train-0", "gsm8k_train-3"]
+    assert "skipped 2 lines" in caplog.text and "line 2" in caplog.text
