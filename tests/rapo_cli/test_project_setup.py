@@ -38,6 +38,12 @@ def test_the_ci_run_lists_the_slowest_tests():
     assert "--durations=15" in (ROOT / ".ci" / "run").read_text()
 
 
+def test_the_environment_make_setup_built_has_every_requirement_met():
+    result = subprocess.run([sys.executable, "-m", "pip", "check"], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, f"pip check found conflicts (run `make setup` again):\n{result.stdout}"
+    assert "pip check" in (ROOT / ".ci" / "run").read_text()
+
+
 def test_make_clean_removes_rapo_cache(tmp_path):
     cache = tmp_path / "cache"
     (cache / "models").mkdir(parents=True)
