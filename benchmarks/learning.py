@@ -210,7 +210,10 @@ def main() -> None:
     report(name, "held-out accuracy (greedy): warm-up only, RAPO and GRPO, same budget", columns, rows,
            extra={"overrides": overrides, "seeds": seeds, "runs": runs, "rapo_minus_grpo": head_to_head,
                   "plot": str(picture),
-                  "load_average_before": load_before, "load_average_after": os.getloadavg()})
+                  # the machine's load while the runs trained (unknown when they are only re-tabulated)
+                  "load_average_before": None if args.report_only else load_before,
+                  "load_average_after": None if args.report_only else os.getloadavg(),
+                  "reported_from_existing_runs": args.report_only})
     for comparison in head_to_head:
         print(f"RAPO - GRPO after RL, {comparison['setting']}, seed {comparison['seed']}: {comparison['mean']:+.2f} "
               f"[{comparison['low']:+.2f}, {comparison['high']:+.2f}] (paired over the same questions)")
