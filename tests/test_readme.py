@@ -16,8 +16,8 @@ NOT_RUN = {
     "make run": "trains for minutes (the trainer's tests cover it)",
     "make test": "is this test suite",
     "rapo train": "trains for minutes (the trainer's tests cover it)",
-    "rapo eval --policy hf --model runs/rapo/checkpoints": "needs a trained checkpoint (tests/rapo_cli/test_export.py "
-                                                           "evaluates and exports one)",
+    "rapo eval --model runs/rapo/checkpoints": "needs a trained checkpoint (tests/rapo_cli/test_export.py "
+                                               "evaluates and exports one)",
     "rapo export": "needs a trained checkpoint (tests/rapo_cli/test_export.py exports one)",
     "rapo search serve": "serves until stopped (the service tests run it over HTTP)",
     "rapo buffer serve": "serves until stopped (the service tests run it over HTTP)",
