@@ -28,6 +28,7 @@ a 95% t-interval across seeds. Everything goes to ``benchmarks/results/learning[
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import statistics
@@ -62,8 +63,6 @@ def train_one(method: str, setting: str, seed: int, overrides: list[str], folder
 
 def summarize(method: str, setting: str, seed: int, folder: Path) -> dict:
     """One finished run, read back from what it wrote: per-step history, held-out evaluations and seconds."""
-    import json
-
     from rapo_agents.heldout import paired_difference
     from rapo_agents.metrics import read_metrics
 
@@ -158,7 +157,7 @@ def main() -> None:
     args = parser.parse_args()
     seeds = args.seeds if args.seeds is not None else ([0] if args.quick else [0, 1, 2])
     overrides = (QUICK if args.quick else []) + list(args.set)
-    load_before = os.getloadavg()
+    loads = []  # the 1-minute load average at the end of each run: the machine is shared
 
     runs = []
     # Interleaved: every seed runs each method and setting before the next seed starts, so that a change of
@@ -170,6 +169,7 @@ def main() -> None:
                 if not args.report_only:
                     print(f"== {method}, {setting}, seed {seed}")
                     train_one(method, setting, seed, overrides, folder)
+                    loads.append(os.getloadavg()[0])
                 elif not (folder / "profile.json").is_file():
                     raise SystemExit(f"--report-only: {folder} holds no finished run; train it first")
                 runs.append(summarize(method, setting, seed, folder))
@@ -210,10 +210,11 @@ def main() -> None:
     report(name, "held-out accuracy (greedy): warm-up only, RAPO and GRPO, same budget", columns, rows,
            extra={"overrides": overrides, "seeds": seeds, "runs": runs, "rapo_minus_grpo": head_to_head,
                   "plot": str(picture),
-                  # the machine's load while the runs trained (unknown when they are only re-tabulated)
-                  "load_average_before": None if args.report_only else load_before,
-                  "load_average_after": None if args.report_only else os.getloadavg(),
+                  "load_average_per_run": loads,  # empty when the runs are only re-tabulated
                   "reported_from_existing_runs": args.report_only})
+    if loads:
+        print(f"load average (1 min) at the end of each run: median {statistics.median(loads):.2f} "
+              f"(min {min(loads):.2f}, max {max(loads):.2f}) on {os.cpu_count()} cores")
     for comparison in head_to_head:
         print(f"RAPO - GRPO after RL, {comparison['setting']}, seed {comparison['seed']}: {comparison['mean']:+.2f} "
               f"[{comparison['low']:+.2f}, {comparison['high']:+.2f}] (paired over the same questions)")

@@ -7,7 +7,7 @@ A checkpoint is a folder ``step_000012/`` holding
   --model folder``) loads it as it is;
 - ``trainer_state.pt``: optimizer moments, RNG states, data position and counters, only tensors and plain
   Python data, read back with ``torch.load(weights_only=True)`` so that a shared checkpoint cannot run code;
-- ``trainer_state.json``: the counters, for people.
+- ``trainer_state.json``: the counters and the run's config, for people and for `trained_config`.
 
 It is written under a temporary name, flushed to disk (``fsync``) and renamed into place, so a crash never
 leaves a half-written checkpoint that resuming would pick up, and there is always a complete checkpoint on
@@ -41,6 +41,7 @@ import torch
 
 STEP_DIR = re.compile(r"^step_(\d{6,})$")
 STATE_FILE = "trainer_state.pt"
+SUMMARY_FILE = "trainer_state.json"
 WEIGHTS_FILE = "model.safetensors"
 
 
@@ -139,7 +140,7 @@ class CheckpointManager:
             tokenizer.save_pretrained(temporary)
         torch.save(state, temporary / STATE_FILE)
         readable = state.get("trainer", {})
-        (temporary / "trainer_state.json").write_text(json.dumps(readable, indent=2, default=str), encoding="utf-8")
+        (temporary / SUMMARY_FILE).write_text(json.dumps(readable, indent=2, default=str), encoding="utf-8")
         _fsync_tree(temporary)
         # Replacing a checkpoint of the same step: the old one is moved aside, not deleted, until the new one is
         # in place, so some complete checkpoint is on disk at every moment.
@@ -186,6 +187,18 @@ class CheckpointManager:
                 return path, self.load(path)
             except CheckpointError as error:
                 warnings.warn(f"skipping checkpoint {path.name}: {error}", stacklevel=2)
+        return None
+
+
+def trained_config(folder: str | os.PathLike[str]) -> Any:
+    """The `TrainConfig` of the run that wrote checkpoint ``folder`` (from its ``trainer_state.json``), or None for
+    a folder that is not a rapo checkpoint or whose config this version cannot read."""
+    from rapo_agents.config import ConfigError, TrainConfig
+
+    summary = Path(folder) / SUMMARY_FILE
+    try:
+        return TrainConfig.from_dict(json.loads(summary.read_text(encoding="utf-8"))["config"])
+    except (OSError, ConfigError, ValueError, KeyError, TypeError):
         return None
 
 

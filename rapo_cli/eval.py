@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-from pathlib import Path
 from typing import Any
 
 from rapo_cli import checks
@@ -85,18 +84,12 @@ def trained_settings(model: str | None, env: str) -> dict[str, Any] | None:
     """The held-out evaluation settings of the rapo run that wrote checkpoint folder ``model``, as `EvalConfig`
     fields: its ``gym.make`` keyword arguments, response budget and per-turn budget. None for any other model, or a
     checkpoint trained on another env."""
-    from rapo_agents.config import ConfigError, TrainConfig
+    from rapo_agents.checkpoint import trained_config
     from rapo_agents.heldout import heldout_env_kwargs
     from rapo_agents.trainer import training_env_kwargs
 
-    state_file = Path(model) / "trainer_state.json" if model else None
-    if state_file is None or not state_file.is_file():
-        return None
-    try:
-        config = TrainConfig.from_dict(json.loads(state_file.read_text(encoding="utf-8"))["config"])
-    except (OSError, ConfigError, ValueError, KeyError, TypeError):  # not a rapo run's state: plain settings
-        return None
-    if config.data.env_id != env:
+    config = trained_config(model) if model else None
+    if config is None or config.data.env_id != env:
         return None
     return {"env_kwargs": heldout_env_kwargs(training_env_kwargs(config), config.evaluation),
             "max_response_tokens": config.evaluation.max_eval_tokens or config.rollout.max_response_tokens,

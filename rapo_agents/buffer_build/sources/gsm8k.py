@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import itertools
 import operator
 import os
 import re
@@ -26,8 +27,8 @@ from collections.abc import Iterator
 from typing import Any
 
 from rapo_env.protocol import format_result
-from rapo_tools.jsonl import JsonlReader
 from rapo_env.trajectory import StepRecord, Trajectory
+from rapo_tools.jsonl import JsonlReader
 
 SOURCE = "gsm8k_train"
 _ANNOTATION = re.compile(r"<<([^<>]*)=([^<>=]*)>>")
@@ -121,17 +122,13 @@ def gsm8k_trajectories(path: str | os.PathLike[str], limit: int | None = None) -
     Lines that are not ``{"question": str, "answer": str}`` objects, and solutions without a ``####`` answer, are
     skipped and counted (`rapo_tools.jsonl.JsonlReader`).
     """
-    emitted = 0
     rows = JsonlReader(path, _solution_row, what="GSM8K solutions with a #### answer")
-    for line_number, _, (row, turns) in rows.with_positions():
-        if limit is not None and emitted >= limit:
-            return
+    for line_number, _, (row, turns) in itertools.islice(rows.with_positions(), limit):
         steps = [
             StepRecord(action=action, observation=observation, tool="python" if observation else None,
                        tool_ok=bool(observation) or None)
             for action, observation in turns.steps
         ]
-        emitted += 1
         yield Trajectory(
             task_id=f"{SOURCE}-{line_number - 1}",  # the 0-based line index, as buffers built before named them
             rollout_index=0,
