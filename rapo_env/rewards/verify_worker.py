@@ -12,6 +12,9 @@ import json
 import logging
 import sys
 
+READY_LINE = "ready\n"
+"""What a worker prints once math-verify is imported, before it reads its first request."""
+
 
 def _accepts(function, argument: str) -> bool:
     return argument in inspect.signature(function).parameters
@@ -30,6 +33,10 @@ def _equivalent(gold: str, prediction: str, timeout_s: int) -> bool:
 
 def main() -> None:
     logging.disable(logging.WARNING)  # math-verify logs deprecation chatter on every call
+    import math_verify  # noqa: F401  (the slow import happens before the first check's clock starts)
+
+    sys.stdout.write(READY_LINE)
+    sys.stdout.flush()
     for line in sys.stdin:
         try:
             request = json.loads(line)

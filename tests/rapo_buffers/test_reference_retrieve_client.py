@@ -1,6 +1,6 @@
 """The official RAPO retrieval client, as written in its ``RetrieveTool``, against ``rapo buffer serve``.
 
-`reference_retrieve` posts and parses exactly as the reference's tool does (Gross-barium938/RAPO,
+`reference_retrieve` posts and parses exactly as the reference's tool does (Gross-barium938/RAPO at commit 480af9d,
 ``verl/workers/rollout/tools/retrieve_tool.py``): the reference JSON body, then per query the hit of highest
 ``reward``, whose ``document`` is spliced when the reward is positive (else the reference's fallback sentence).
 """

@@ -1,6 +1,6 @@
 """The python tool with ``sandbox.output="reference"`` reads as the official RAPO tool and rollout loop.
 
-Reference behaviour (RAPO commit 19b8fbe, ``workers/rollout/tools/python_tool.py`` and
+Reference behaviour (RAPO commit 480af9d, ``workers/rollout/tools/python_tool.py`` and
 ``vllm_rollout_with_tools.py``): the last expression is wrapped in ``print()`` (``str``, ``None`` too),
 success returns ``stdout.strip()``, failure ``stderr.strip()``, empty output is retried 3 times and
 then reported as ``Tool(python) returned empty output.``, and an empty call ends the rollout.

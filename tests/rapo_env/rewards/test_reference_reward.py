@@ -1,6 +1,6 @@
 """``reward="reference"`` scores as the reference's ``compute_score`` (deep_research) does.
 
-Every row was derived by reading the reference function (RAPO commit 19b8fbe,
+Every row was derived by reading the reference function (RAPO commit 480af9d,
 ``verl/utils/reward_score/deep_research.py``) on that input; the expected value is its score.
 """
 

@@ -1,6 +1,6 @@
 """The official RAPO search client, as written in its ``WikiSearchTool``, against ``rapo search serve``.
 
-`reference_wiki_search` posts and parses exactly as the reference's tool does (Gross-barium938/RAPO,
+`reference_wiki_search` posts and parses exactly as the reference's tool does (Gross-barium938/RAPO at commit 480af9d,
 ``verl/workers/rollout/tools/wiki_search_tool.py``): a ``requests`` session with the environment's proxies
 ignored, the reference JSON body, then ``document.split("\\n")`` on every hit. Its errors come back as text,
 as the tool's do, so a reply it cannot parse shows up as ``Error processing search results: ...``.
