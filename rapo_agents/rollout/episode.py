@@ -37,6 +37,26 @@ from rapo_agents.scripted import split_spliced_text
 from rapo_env.trajectory import StepRecord, Trajectory
 
 
+def encode_env_text(tokenizer: Any, text: str) -> list[int]:
+    """Token ids of env or tool text, in which a special-token *string* stays plain text.
+
+    A tool that prints ``<|im_end|>`` must not end the turn in the model's eyes, so HF tokenizers
+    encode with ``split_special_tokens=True`` (as `rapo_env.wrappers.token_ids.TokenCodec` does);
+    a tokenizer without that option (rapo's byte tokenizer has no special-token strings) encodes as usual.
+
+    Example:
+        >>> from rapo_agents.policies import ByteTokenizer
+        >>> encode_env_text(ByteTokenizer(), "ok") == ByteTokenizer().encode("ok")
+        True
+    """
+    if callable(tokenizer):
+        try:
+            return list(tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"])
+        except TypeError:  # no split_special_tokens option
+            pass
+    return list(tokenizer.encode(text, add_special_tokens=False))
+
+
 class PromptTooLongError(ValueError):
     """The chat template and system prompt alone exceed the prompt token budget."""
 
@@ -160,7 +180,7 @@ class EpisodeRecord:
                 raise ValueError(
                     f"retrieval span {(start, end)} lies outside the observation of {len(observation)} chars")
             pieces = [(observation[:start], False), (observation[start:end], True), (observation[end:], False)]
-        encoded = [(list(self.tokenizer.encode(text, add_special_tokens=False)) if text else [], spliced)
+        encoded = [(encode_env_text(self.tokenizer, text) if text else [], spliced)
                    for text, spliced in pieces]
         if retrieval is not None and sum(len(ids) for ids, _ in encoded) > self.remaining:
             encoded = [(ids, spliced) for ids, spliced in encoded if not spliced]
