@@ -139,7 +139,8 @@ def print_last_expression(code: str) -> str:
         return sum(len(text) for text in lines[: line - 1]) + len(lines[line - 1].encode()[:column].decode())
 
     start, end = offset(value.lineno, value.col_offset), offset(value.end_lineno, value.end_col_offset)
-    return f"{code[:start]}print({code[start:end]}){code[end:]}"
+    shown = f"({code[start:end]})" if isinstance(value, ast.Tuple) else code[start:end]  # one value, as ast.unparse
+    return f"{code[:start]}print({shown}){code[end:]}"
 
 
 def timeout_message(timeout_s: float) -> str:

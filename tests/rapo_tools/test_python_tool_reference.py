@@ -34,6 +34,9 @@ def pair(request):
     ("print(5)", "5\n", "5"),
     ("print('  padded  ')", "  padded  \n", "padded"),
     ("import math\nmath.pi > 3", "True\n", "True"),
+    ("x, y = 1, 2\nx, y", "(1, 2)\n", "(1, 2)"),
+    ("1,", "(1,)\n", "(1,)"),
+    ("x = [3]\n*x, 'a'", "(3, 'a')\n", "(3, 'a')"),
 ])
 def test_final_expressions_print_str_and_none_in_reference_mode(pair, code, paper_text, reference_text):
     paper, reference = pair
@@ -100,6 +103,7 @@ def test_print_last_expression_wraps_only_a_final_bare_expression():
     assert print_last_expression("x = 1\nx + 1") == "x = 1\nprint(x + 1)"
     assert print_last_expression("x = 1\r\n(x +\n 2)  # note") == "x = 1\r\n(print(x +\n 2))  # note"
     assert print_last_expression("s = 'é'; s * 2") == "s = 'é'; print(s * 2)"
+    assert print_last_expression("x, y") == "print((x, y))"  # one tuple, as the reference's ast.unparse prints
     for unchanged in ("print(1)", "x = 1", "if x:\n    x", "syntax error(", ""):
         assert print_last_expression(unchanged) == unchanged
 
