@@ -16,6 +16,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Iterable
 
 TOOL_TAGS: tuple[str, ...] = ("python", "search")
@@ -148,12 +149,35 @@ def extract_boxed(text: str) -> str | None:
     return None
 
 
+# Terminal escape sequences (linear-time patterns): CSI (ESC [ or the 8-bit \x9b) with its parameters,
+# OSC (ESC ]) up to BEL or ST (or the end), and the other two-character ESC sequences.
+_TERMINAL_ESCAPE = re.compile(r"(?:\x1b\[|\x9b)[0-?]*[ -/]*[@-~]?|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[ -~]?")
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def clean_terminal_text(text: str) -> str:
+    """``text`` without terminal escape sequences, its other control characters shown as ``\\xNN``.
+
+    A tool's output can colour, move the cursor, retitle a terminal or hide text (``\\r``,
+    backspace) for whoever reads a transcript; the model and the reader see the same characters
+    instead. ANSI CSI/OSC sequences are dropped, ``\\r\\n`` becomes ``\\n``, and every C0/C1
+    control except ``\\n`` and ``\\t`` is written out as text.
+
+    Example:
+        >>> clean_terminal_text("\\x1b[31mred\\x1b[0m\\r\\nbell\\x07 tab\\tok")
+        'red\\nbell\\\\x07 tab\\tok'
+    """
+    text = _TERMINAL_ESCAPE.sub("", text.replace("\r\n", "\n"))
+    return _CONTROL.sub(lambda match: f"\\x{ord(match.group()):02x}", text)
+
+
 def format_result(text: str) -> str:
     """Wrap a tool's output as the observation appended to the context: `` <result>\\n...\\n</result>``.
 
-    A result tag printed by the tool itself is defused, so results always pair up.
+    Terminal escapes and control characters are made plain (`clean_terminal_text`), and a result
+    tag printed by the tool itself is defused, so results always pair up.
     """
-    safe = text.rstrip("\n").replace(RESULT_CLOSE, "</ result>").replace(RESULT_OPEN, "< result>")
+    safe = clean_terminal_text(text).rstrip("\n").replace(RESULT_CLOSE, "</ result>").replace(RESULT_OPEN, "< result>")
     return f" {RESULT_OPEN}\n{safe}\n{RESULT_CLOSE}"
 
 
