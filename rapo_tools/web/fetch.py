@@ -76,10 +76,39 @@ def check_url(url: str) -> urllib.parse.SplitResult:
     return parts
 
 
+_NAT64 = ipaddress.ip_network("64:ff9b::/96")  # RFC 6052's well-known prefix: the last 32 bits are the IPv4 host
+_NAT64_LOCAL = ipaddress.ip_network("64:ff9b:1::/48")  # RFC 8215's local-use prefix: internal by definition
+_IPV4_TRANSLATED = ipaddress.ip_network("::ffff:0:0:0/96")  # RFC 2765's SIIT form
+_IPV4_COMPATIBLE = ipaddress.ip_network("::/96")  # the deprecated ::a.b.c.d form
+
+
+def embedded_ipv4(ip: ipaddress.IPv6Address) -> list[ipaddress.IPv4Address]:
+    """The IPv4 addresses an IPv6 address leads to: IPv4-mapped, IPv4-compatible, SIIT, NAT64, 6to4, Teredo.
+
+    Example:
+        >>> embedded_ipv4(ipaddress.IPv6Address("64:ff9b::7f00:1")), embedded_ipv4(ipaddress.IPv6Address("2002:a00:1::"))
+        ([IPv4Address('127.0.0.1')], [IPv4Address('10.0.0.1')])
+    """
+    low32 = ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
+    embedded = []
+    if ip.ipv4_mapped is not None:
+        embedded.append(ip.ipv4_mapped)
+    if any(ip in network for network in (_NAT64, _IPV4_TRANSLATED, _IPV4_COMPATIBLE)):
+        embedded.append(low32)
+    if ip.sixtofour is not None:
+        embedded.append(ip.sixtofour)
+    if ip.teredo is not None:
+        embedded.extend(ip.teredo)
+    return embedded
+
+
 def _is_internal(address: str) -> bool:
     ip = ipaddress.ip_address(address.split("%", 1)[0])
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip in _NAT64_LOCAL:
+            return True
+        if any(not v4.is_global or v4.is_multicast for v4 in embedded_ipv4(ip)):
+            return True
     return not ip.is_global or ip.is_multicast
 
 
