@@ -8,7 +8,13 @@ Example:
 
 A checkpoint folder that ``rapo train`` wrote names its run's settings (``trainer_state.json``): without
 ``--env-kwargs`` and ``--max-tokens`` it is evaluated on the run's held-out questions, prompt, tool limit and
-response budget, so the figures compare with the run's held-out evaluation.
+response budget, so the figures compare with the run's held-out evaluation. Only the settings in
+`CHECKPOINT_ENV_SETTINGS` carry over: a checkpoint is data someone else may have written, so nothing that
+decides how the model's code runs (``sandbox``, ``python``, search endpoints, judges) is ever taken from it.
+
+The output file records what produced its rows; a resume with another model, env, split or decoding is refused
+(exit 2) with what differs. The default file name carries a digest of those settings, so two evaluations never
+share it. The hub is offline (``HF_HUB_OFFLINE=1``, as for ``rapo train``) unless the variable says otherwise.
 """
 
 from __future__ import annotations
@@ -16,13 +22,24 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
+import sys
 from typing import Any
 
-from rapo_cli import checks
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before anything imports huggingface_hub, which reads it once
+
+from rapo_cli import checks  # noqa: E402
 
 HELP = "Evaluate a policy on an env (math-verify accuracy for math; EM/F1 for QA and web); resumable JSONL."
 EMBEDDED_MAX_TOKENS = 512
 """Default ``--max-tokens`` of the embedded SmolLM2-135M (the training default is 256)."""
+CHECKPOINT_ENV_SETTINGS = frozenset({
+    "dataset", "split", "num_tasks", "difficulty", "limit", "ability", "level", "lang", "seed", "system_prompt",
+    "prompt_template", "max_tool_calls", "max_turns", "max_text_length",
+})
+"""The ``gym.make`` arguments that a checkpoint's run settings may give ``rapo eval``: questions, prompt, tool limit
+and budgets. Everything else (``sandbox``, ``python``, ``search``, ``browse``, ``judge``, ``reward``, paths of
+services or caches) is left at the env's default."""
 SCRIPTED_NOTE = ("--policy scripted plays fixed turns (it answers \\boxed{0}): a smoke test of the pipeline whose "
                  "accuracy is 0 by design. The scripted expert that solves procedural math is "
                  "`rapo rollout --policy expert`.")
@@ -50,7 +67,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-tool-calls", type=int, default=None,
                         help="tool-call limit (default: 5 for python-only envs, 10 with search)")
     parser.add_argument("--metric", default="auto", choices=["auto", "math", "qa"])
-    parser.add_argument("--output", default=None, help="per-question JSONL (default runs/eval_<env>.jsonl)")
+    parser.add_argument("--output", default=None,
+                        help="per-question JSONL (default runs/eval_<env>_<digest of model, env settings and "
+                             "decoding>.jsonl); resumed only by the same settings")
     parser.add_argument("--no-resume", action="store_true", help="start over instead of skipping rows in --output")
     parser.add_argument("--seed", type=int, default=0)
 
@@ -70,19 +89,23 @@ def max_tokens(args: argparse.Namespace) -> int:
 def check_arguments(args: argparse.Namespace) -> dict:
     """Every option checked before a model loads; returns ``--env-kwargs`` as a dict."""
     checks.env_id(args.env)
-    env_kwargs = checks.env_kwargs(args.env_kwargs or "{}")
+    env_kwargs = checks.env_kwargs(args.env_kwargs or "{}", env=args.env)
     checks.policy(args)
     for name in ("limit", "rollouts", "max_tokens"):
         value = getattr(args, name)
         if value is not None and value < 1:
             raise checks.UsageError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
-    checks.output_file(args.output or default_output(args.env), "--output")
+    if args.output is not None:
+        checks.output_file(args.output, "--output")
+    if args.policy == "openai":
+        checks.endpoint(args.base_url)
     return env_kwargs
 
 
 def trained_settings(model: str | None, env: str) -> dict[str, Any] | None:
     """The held-out evaluation settings of the rapo run that wrote checkpoint folder ``model``, as `EvalConfig`
-    fields: its ``gym.make`` keyword arguments, response budget and per-turn budget. None for any other model, or a
+    fields: its ``gym.make`` keyword arguments (only `CHECKPOINT_ENV_SETTINGS`), response budget and per-turn
+    budget, and under ``"ignored"`` the names of the env settings it left out. None for any other model, or a
     checkpoint trained on another env."""
     from rapo_agents.checkpoint import trained_config
     from rapo_agents.heldout import heldout_env_kwargs
@@ -91,13 +114,33 @@ def trained_settings(model: str | None, env: str) -> dict[str, Any] | None:
     config = trained_config(model) if model else None
     if config is None or config.data.env_id != env:
         return None
-    return {"env_kwargs": heldout_env_kwargs(training_env_kwargs(config), config.evaluation),
+    run_kwargs = heldout_env_kwargs(training_env_kwargs(config), config.evaluation)
+    return {"env_kwargs": {k: v for k, v in run_kwargs.items() if k in CHECKPOINT_ENV_SETTINGS},
+            "ignored": sorted(k for k in run_kwargs if k not in CHECKPOINT_ENV_SETTINGS),
             "max_response_tokens": config.evaluation.max_eval_tokens or config.rollout.max_response_tokens,
             "max_turn_tokens": config.rollout.max_turn_tokens}
 
 
-def default_output(env: str) -> str:
-    return f"runs/eval_{env}.jsonl"
+def default_output(config: Any) -> str:
+    """``runs/eval_<env>_<digest>.jsonl``: the digest names the model, env settings and decoding."""
+    from rapo_agents.evaluation import settings_digest
+
+    return f"runs/eval_{config.env}_{settings_digest(config)}.jsonl"
+
+
+def check_resume(config: Any) -> None:
+    """Refuse (`UsageError`) to resume into a file of another evaluation, before the model loads."""
+    from rapo_agents.evaluation import EvalOutputMismatchError
+    from rapo_agents.evaluation import check_resume as check
+
+    if not config.resume:
+        return
+    try:
+        check(config.output, config)
+    except EvalOutputMismatchError as error:
+        message = str(error).replace("start over (resume off) or write to another output file",
+                                     "pass --no-resume to overwrite it, or another --output")
+        raise checks.UsageError(f"--output: {message}") from None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -115,18 +158,32 @@ def run(args: argparse.Namespace) -> int:
         env=args.env, env_kwargs=env_kwargs, limit=args.limit, rollouts=args.rollouts,
         temperature=0.0 if args.greedy else args.temperature, top_p=args.top_p, top_k=args.top_k,
         max_response_tokens=max_tokens(args), max_tool_calls=args.max_tool_calls, metric=args.metric,
-        output=args.output or default_output(args.env), resume=not args.no_resume, seed=args.seed,
+        output=args.output, resume=not args.no_resume, seed=args.seed, model=model_label(args),
     )
     trained = trained_settings(args.model, args.env) if args.env_kwargs is None else None
     if trained is not None:
+        ignored = trained.pop("ignored")
         if args.max_tokens is not None:
             trained.update(max_response_tokens=args.max_tokens, max_turn_tokens=None)
         config = dataclasses.replace(config, **trained)
         console.print(f"{args.model} was written by `rapo train`: evaluating on its run's held-out settings "
                       f"{json.dumps(config.env_kwargs)}, {config.max_response_tokens} response tokens "
-                      f"({config.max_turn_tokens} a turn); --env-kwargs and --max-tokens replace them")
+                      f"({config.max_turn_tokens} a turn), taken from the checkpoint; --env-kwargs and --max-tokens "
+                      "replace them", markup=False, highlight=False, soft_wrap=True)
+        if ignored:
+            console.print(f"not taken from the checkpoint (code execution, services and rewards are never set by "
+                          f"a checkpoint; the env's defaults apply): {', '.join(ignored)}", markup=False,
+                          highlight=False, soft_wrap=True)
+    if config.output is None:
+        config = dataclasses.replace(config, output=default_output(config))
+        checks.output_file(config.output, "--output")
+    check_resume(config)
     report = evaluate(policy_from_args(args), config)
     summary = report.summary
+    if summary["n"] == 0 and summary.get("failed"):
+        print(f"rapo eval: every generation failed ({summary['failed']} rollouts), nothing was scored: "
+              f"{summary.get('first_error')}; rows in {config.output}", file=sys.stderr)
+        return 1
     policy = "scripted: fixed turns, a smoke test" if args.policy == "scripted" else args.policy
     table = Table(title=f"{config.env}: {summary['n']} rollouts ({policy}, metric {summary['metric']})")
     columns = [k for k in ("accuracy", "em", "f1", "mean_reward", "mean_tool_calls", "mean_tokens") if k in summary]
@@ -136,4 +193,23 @@ def run(args: argparse.Namespace) -> int:
                     for c in columns))
     console.print(table)
     console.print(f"rows written to {config.output}")
+    if summary.get("failed"):
+        console.print(f"{summary['failed']} rollouts failed to generate and are not in the table (not scored as "
+                      f"wrong): {summary.get('first_error')}; run the same command again to retry them",
+                      markup=False, highlight=False, soft_wrap=True)
+        return 1
     return 0
+
+
+def model_label(args: argparse.Namespace) -> str:
+    """What ``--policy``/``--model`` evaluate, as the output file records it."""
+    if args.policy == "openai":
+        return f"openai:{args.base_url}:{args.model or ''}"
+    if args.policy == "scripted":
+        return "scripted"
+    if args.model is None:
+        return "embedded"
+    from pathlib import Path
+
+    folder = Path(args.model).expanduser()
+    return str(folder.resolve()) if folder.exists() else args.model

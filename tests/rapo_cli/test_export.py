@@ -9,6 +9,8 @@ import sys
 
 import pytest
 
+from rapo_agents.evaluation import read_rows
+
 
 def rapo(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "rapo_cli", *args], capture_output=True, text=True, timeout=600)
@@ -67,7 +69,7 @@ def test_rapo_eval_runs_on_a_checkpoint(run_folder, tmp_path):
                   "--limit", "1", "--max-tokens", "8", "--env-kwargs", '{"sandbox": "subprocess"}',
                   "--output", str(out))
     assert result.returncode == 0, result.stderr[-2000:]
-    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    rows = read_rows(out)  # the file's first line records the settings that produced the rows
     assert len(rows) == 1 and rows[0]["response_tokens"] > 0
 
 
@@ -79,7 +81,7 @@ def test_rapo_eval_of_a_training_checkpoint_uses_its_runs_heldout_settings(train
     for setting in ('"split": "test"', '"system_prompt": "short"', '"max_tool_calls": 1', "8 response tokens",
                     "(96 a turn)"):
         assert setting in result.stdout
-    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    rows = read_rows(out)
     assert len(rows) == 2 and all(row["response_tokens"] <= 8 for row in rows)
 
 
@@ -92,7 +94,7 @@ def test_the_run_settings_of_a_checkpoint_give_way_to_the_command_line(trained_c
     result = rapo("eval", "--model", str(trained_checkpoint), "--limit", "1", "--max-tokens", "4",
                   "--env-kwargs", '{"sandbox": "subprocess"}', "--output", str(out))
     assert result.returncode == 0 and "held-out settings" not in result.stdout, result.stderr[-2000:]
-    assert len(out.read_text().splitlines()) == 1
+    assert len(read_rows(out)) == 1
 
 
 def test_rapo_export_writes_a_folder_plain_transformers_loads(run_folder, tmp_path):

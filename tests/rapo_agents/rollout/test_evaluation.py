@@ -39,7 +39,7 @@ def test_evaluate_is_resumable_and_scores_with_the_real_answers(tmp_path):
         handle.write("{not json\n")
     resumed = evaluate(policy, EvalConfig(env_kwargs=ENV_KWARGS, limit=3, output=str(output), show_progress=False))
     assert resumed.summary["n"] == 3
-    lines = [json.loads(line) for line in output.read_text().splitlines() if line.startswith("{\"")]
+    lines = [json.loads(line) for line in output.read_text().splitlines() if line.startswith("{\"task_id")]
     assert sorted(row["task_index"] for row in lines) == [0, 1, 2]  # the first two were not run again
     golds = [row["answers"] for row in resumed.rows]
     assert all(golds) and resumed.summary["accuracy"] == sum("7" in g for g in golds) / 3
