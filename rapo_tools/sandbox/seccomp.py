@@ -16,6 +16,10 @@ under it. It refuses, with EPERM unless said otherwise:
   ``perf_event_open``, ``ptrace``, ``process_vm_readv``/``writev``, ``kcmp``, ``pidfd_getfd``, module
   loading, kexec, ``open_by_handle_at`` (a classic container escape), ``syslog`` (the host's kernel log),
   ``personality`` other than the default or a query;
+- changing another process's limits or scheduling: ``prlimit64``, ``sched_setscheduler``, ``sched_setparam``,
+  ``sched_setattr`` and ``sched_setaffinity`` on any pid but 0 (the caller), ``setpriority`` and ``ioprio_set``
+  on anything but the caller itself. The code's parent is the worker's template, whose limits and scheduling
+  every later call inherits: lowering its hard limits once would break every later call on it;
 - sockets other than IPv4/IPv6 (EAFNOSUPPORT): no unix sockets, so no host socket is reachable through
   the read-only filesystem, and no netlink, packet, vsock (which crosses a VM's boundary) or crypto sockets.
   ``socketpair`` stays allowed for stream and seqpacket pairs, which reach nothing outside the call; a
@@ -40,6 +44,9 @@ _X32_SYSCALL_BIT = 0x40000000
 _AF_INET, _AF_INET6 = 2, 10
 _SOCK_STREAM, _SOCK_SEQPACKET, _SOCK_TYPE_MASK = 1, 5, 0xF  # the type without SOCK_NONBLOCK / SOCK_CLOEXEC
 _PERSONALITY_ALLOWED = (0, 0xFFFFFFFF)  # PER_LINUX, and the query that changes nothing
+SELF_ONLY = ("prlimit64", "sched_setscheduler", "sched_setparam", "sched_setattr", "sched_setaffinity")
+"""Calls allowed only with pid 0 (the caller) as their first argument."""
+_PRIO_PROCESS, _IOPRIO_WHO_PROCESS = 0, 1  # setpriority's and ioprio_set's "which": one process (then 0 is us)
 
 # The refused system calls by name; each table maps them to its architecture's numbers.
 DENIED = (
@@ -68,6 +75,8 @@ _X86_64 = {
     "pidfd_getfd": 438, "init_module": 175, "finit_module": 313, "delete_module": 176, "kexec_load": 246,
     "kexec_file_load": 320, "open_by_handle_at": 304, "syslog": 103,
     "clone": 56, "clone3": 435, "socket": 41, "socketpair": 53, "personality": 135,
+    "prlimit64": 302, "sched_setscheduler": 144, "sched_setparam": 142, "sched_setattr": 314,
+    "sched_setaffinity": 203, "setpriority": 141, "ioprio_set": 251,
 }
 
 _AARCH64 = {
@@ -83,6 +92,8 @@ _AARCH64 = {
     "pidfd_getfd": 438, "init_module": 105, "finit_module": 273, "delete_module": 106, "kexec_load": 104,
     "kexec_file_load": 294, "open_by_handle_at": 265, "syslog": 116,
     "clone": 220, "clone3": 435, "socket": 198, "socketpair": 199, "personality": 92,
+    "prlimit64": 261, "sched_setscheduler": 119, "sched_setparam": 118, "sched_setattr": 274,
+    "sched_setaffinity": 122, "setpriority": 140, "ioprio_set": 30,
 }
 
 # machine -> (AUDIT_ARCH_*, numbers, every call below this number is allowed at once: the hot path)
@@ -154,7 +165,23 @@ def sandbox_filter(machine: str | None = None) -> bytes | None:
     asm.emit(_JEQ_K, numbers["clone"], "clone")
     asm.emit(_JEQ_K, numbers["socket"], "socket")
     asm.emit(_JEQ_K, numbers["socketpair"], "socketpair")
+    for name in SELF_ONLY:
+        asm.emit(_JEQ_K, numbers[name], "self_only")
+    asm.emit(_JEQ_K, numbers["setpriority"], "setpriority")
+    asm.emit(_JEQ_K, numbers["ioprio_set"], "ioprio_set")
     asm.emit(_JEQ_K, numbers["personality"], "personality", "allow")
+    asm.label("self_only")  # pid_t is 32 bits: the kernel reads only the low word
+    asm.emit(_LD_W_ABS, _ARG0_LOW)
+    asm.emit(_JEQ_K, 0, "allow", "deny")
+    asm.label("setpriority")
+    asm.emit(_LD_W_ABS, _ARG0_LOW)
+    asm.emit(_JEQ_K, _PRIO_PROCESS, "who_is_self", "deny")
+    asm.label("ioprio_set")
+    asm.emit(_LD_W_ABS, _ARG0_LOW)
+    asm.emit(_JEQ_K, _IOPRIO_WHO_PROCESS, "who_is_self", "deny")
+    asm.label("who_is_self")
+    asm.emit(_LD_W_ABS, _ARG1_LOW)
+    asm.emit(_JEQ_K, 0, "allow", "deny")
     asm.label("clone")
     asm.emit(_LD_W_ABS, _ARG0_LOW)
     asm.emit(_JSET_K, CLONE_NEW_FLAGS, "deny", "allow")

@@ -16,6 +16,15 @@ drops to its unprivileged uid. The frames:
   ``{"worker_retiring": true}`` and exits without reading another request (the host
   then starts a fresh worker; a request it already sent was never run).
 
+No call is forked from a process that held another call's data. Once warm, the worker forks a
+*template*, a copy of itself that only ever forks: the worker (the *server*) reads the requests and the
+children's output, and asks the template for each child over a socketpair; the template forks it and
+hands the server its ends of the child's pipes (SCM_RIGHTS), and later its wait status. Each child gets
+its code through its own pipe, after the fork, so neither the template nor any later child ever holds an
+earlier call's code or output, not even in freed memory. Before each fork the template checks that its
+rlimits and scheduling are as they were at start (the seccomp filter stops the code from changing them;
+this is the second line): if not, it says so and the worker retires.
+
 Two things keep the per-call path short. The reply goes out as soon as the child reports
 its exit status through a pipe: only then does the worker reap the child (the kernel's
 teardown of a large address space takes milliseconds), kill whatever the code left
@@ -37,11 +46,13 @@ Example:
     [True, "NameError: name 'math' is not defined", True]
 """
 
+import array
 import json
 import os
 import resource
 import select
 import signal
+import socket
 import struct
 import sys
 import time
@@ -51,6 +62,8 @@ _MAX_FRAME = 64 * 1024 * 1024
 _CLEANUP_WAIT_S = 2.0
 _STATUS_FD = 3  # in the child: where it reports its exit status before it exits
 _READ_SIZE = 65536  # per read of a pipe: below malloc's mmap threshold, so no mmap/munmap per read
+_RECORD = struct.Struct("=cqq")  # template -> server: kind, pid, value
+_ALL_RLIMITS = sorted({getattr(resource, name) for name in dir(resource) if name.startswith("RLIMIT_")})
 
 
 def encode_frame(message):
@@ -210,6 +223,8 @@ def _child(settings, pipes, ahead):
     status = 70
     stage = "prepare the call"
     try:
+        signal.set_wakeup_fd(-1)  # the template's: its fd is closed below, and the number may be reused
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         os.setsid()
         os.dup2(code_r, 0)
         if ahead and not _readable(0):
@@ -256,8 +271,8 @@ def report_failure(stage, error):
 
 
 def _fork_child(settings, ahead):
-    """Fork the child of a call, ``ahead`` of its request or for one at hand; returns it, or the OSError
-    that stopped the fork."""
+    """Fork the child of a call, ``ahead`` of its request or for one at hand (in the template); returns it,
+    or the OSError that stopped the fork."""
     code_r, code_w = os.pipe()
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
@@ -273,6 +288,148 @@ def _fork_child(settings, ahead):
     for fd in (code_r, out_w, err_w, status_w):
         os.close(fd)
     return _Child(pid, code_w, out_r, err_r, status_r)
+
+
+def inherited_state():
+    """What every child inherits from the template besides its memory: all rlimits, the scheduling policy,
+    the nice value and the CPU affinity."""
+    return (tuple(resource.getrlimit(which) for which in _ALL_RLIMITS), os.sched_getscheduler(0),
+            os.getpriority(os.PRIO_PROCESS, 0), tuple(sorted(os.sched_getaffinity(0))))
+
+
+def _run_template(sock, settings):
+    """The template's loop: fork a child per byte the server sends, hand over its pipe ends, report the wait
+    status of each child it reaps. It never reads a request or an output. Never returns."""
+    expected = inherited_state()
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_r, False)
+    os.set_blocking(wake_w, False)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    signal.set_wakeup_fd(wake_w)
+    poller = select.poll()
+    poller.register(sock.fileno(), select.POLLIN)
+    poller.register(wake_r, select.POLLIN)
+    while True:
+        for fd, _ in poller.poll():
+            if fd == wake_r:
+                _reap(sock, wake_r)
+                continue
+            wanted = sock.recv(16)
+            if not wanted:
+                os._exit(0)  # the server is gone
+            if inherited_state() != expected:
+                sock.send(_RECORD.pack(b"R", 0, 0))
+                os._exit(0)
+            if wanted == b"c":
+                sock.send(_RECORD.pack(b"K", 0, 0))  # asked only to check
+                continue
+            child = _fork_child(settings, ahead=wanted == b"a")
+            if isinstance(child, OSError):
+                sock.send(_RECORD.pack(b"E", 0, child.errno or 0))
+                continue
+            fds = (child.code_w, child.out_r, child.err_r, child.status_r)
+            sock.sendmsg([_RECORD.pack(b"C", child.pid, 0)],
+                          [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
+            for fd in fds:
+                os.close(fd)
+
+
+def _reap(sock, wake_r):
+    """Reap every child that exited and send the server its wait status."""
+    try:
+        while os.read(wake_r, 256):
+            pass
+    except BlockingIOError:
+        pass
+    while True:
+        try:
+            pid, wait_status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        sock.send(_RECORD.pack(b"X", pid, wait_status))
+
+
+class _TemplateLost(Exception):
+    """The template exited or its inherited state changed: the worker must retire."""
+
+
+class _Template:
+    """The server's handle on the template: asks for children, collects their wait statuses."""
+
+    def __init__(self, pid, sock):
+        self.pid = pid
+        self._sock = sock
+        self._exits = {}
+
+    def fork(self, ahead):
+        """A fresh child (`_Child`), or the OSError that stopped its fork; raises `_TemplateLost`."""
+        kind, pid, value, fds = self._ask(b"a" if ahead else b"n")
+        while True:
+            if kind == b"C":
+                return _Child(pid, *fds)
+            if kind == b"E":
+                return OSError(value, os.strerror(value))
+            kind, pid, value, fds = self._record()  # an exit report came first
+
+    def check(self):
+        """Raise `_TemplateLost` unless the template is there with what it hands down unchanged."""
+        kind = self._ask(b"c")[0]
+        while kind != b"K":
+            kind = self._record()[0]
+
+    def _ask(self, what):
+        try:
+            self._sock.send(what)
+        except OSError as error:
+            raise _TemplateLost(f"the template is gone ({error})") from error
+        return self._record()
+
+    def wait(self, pid):
+        """The wait status of the child ``pid``, once the template reaped it; raises `_TemplateLost`."""
+        if pid not in self._exits:
+            try:
+                os.kill(self.pid, signal.SIGCONT)  # a call may have stopped it
+            except ProcessLookupError:
+                pass
+        while pid not in self._exits:
+            self._record()
+        return self._exits.pop(pid)
+
+    def _record(self):
+        fds = array.array("i")
+        try:
+            data, ancillary, _, _ = self._sock.recvmsg(_RECORD.size, socket.CMSG_SPACE(4 * fds.itemsize))
+        except OSError as error:
+            raise _TemplateLost(f"the template is gone ({error})") from error
+        for level, kind, payload in ancillary:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                fds.frombytes(payload[:len(payload) - len(payload) % fds.itemsize])
+        if len(data) != _RECORD.size:
+            raise _TemplateLost("the template exited")
+        kind, pid, value = _RECORD.unpack(data)
+        if kind == b"R":
+            raise _TemplateLost("the template's limits or scheduling were changed by a call")
+        if kind == b"X":
+            self._exits[pid] = value
+        return kind, pid, value, list(fds)
+
+
+def start_template(settings, protocol_fds):
+    """Fork the template from this (still pristine) process; returns the server's `_Template`."""
+    server_end, template_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    pid = os.fork()
+    if pid == 0:
+        server_end.close()
+        for fd in protocol_fds:
+            os.close(fd)  # the host's protocol is the server's alone (and its end must close with the server)
+        try:
+            _run_template(template_end, settings)
+        finally:
+            os._exit(70)
+    template_end.close()
+    return _Template(pid, server_end)
 
 
 def _hand_over(child, code):
@@ -367,7 +524,7 @@ def _drain_rest(poller, buffers, cap, open_fds):
     return truncated
 
 
-def _execute(child, request):
+def _execute(child, request, template):
     """Run ``request`` in the waiting ``child``; returns the reply and whether the child is reaped yet."""
     deadline = time.monotonic() + float(request["timeout_s"])
     _hand_over(child, request["code"])
@@ -379,11 +536,18 @@ def _execute(child, request):
             os.killpg(child.pid, signal.SIGKILL)  # its session, even when it exited: leftovers go too
         except (ProcessLookupError, PermissionError):
             pass
+        wait_status = None
         if status is None:  # it died, or we stopped it: its wait status says how
-            _, wait_status = os.waitpid(child.pid, 0)
+            try:
+                wait_status = template.wait(child.pid)
+            except _TemplateLost:
+                pass  # it was killed (the worker retires after the reply)
         for fd in (child.out_r, child.err_r, child.status_r):
             os.close(fd)
-    exit_code = status if status is not None else os.waitstatus_to_exitcode(wait_status)
+    if status is not None:
+        exit_code = status
+    else:
+        exit_code = -signal.SIGKILL if wait_status is None else os.waitstatus_to_exitcode(wait_status)
     if truncated and exit_code == -signal.SIGKILL:
         # Killed by us for flooding: a clean stderr means the code itself had not failed.
         exit_code = 1 if buffers[child.err_r] else 0
@@ -403,26 +567,42 @@ def _failed_fork_reply(error):
             "exit_code": 1, "timed_out": False, "truncated": False}
 
 
-def _other_processes():
-    me = os.getpid()
-    return [int(name) for name in os.listdir("/proc") if name.isdigit() and int(name) not in (1, me)]
+def _other_processes(spared):
+    kept = (1, os.getpid(), *spared)
+    return [int(name) for name in os.listdir("/proc") if name.isdigit() and int(name) not in kept]
 
 
-def _kill_leftovers():
-    """In our own pid namespace, kill everything but init and us; True when all are gone."""
-    try:
-        os.kill(-1, signal.SIGKILL)
-    except ProcessLookupError:
+def _kill_leftovers(template_pid):
+    """In our own pid namespace, kill everything but init, us and the template; True when all are gone.
+
+    The template is stopped with everything else first (so that nothing forks while we kill one by one),
+    then continued: a call that stopped it costs nothing.
+    """
+    if not _other_processes((template_pid,)):
+        if template_pid:
+            os.kill(template_pid, signal.SIGCONT)
         return True  # nothing was left running: the common, fast case
+    try:
+        os.kill(-1, signal.SIGSTOP)
+    except ProcessLookupError:
+        pass
     deadline = time.monotonic() + _CLEANUP_WAIT_S
-    while _other_processes():
-        if time.monotonic() > deadline:
-            return False
-        try:
-            os.kill(-1, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        time.sleep(0.005)
+    try:
+        while leftovers := _other_processes((template_pid,)):
+            if time.monotonic() > deadline:
+                return False
+            for pid in leftovers:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            time.sleep(0.002)
+    finally:
+        if template_pid:
+            try:
+                os.kill(template_pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
     return True
 
 
@@ -461,8 +641,8 @@ def _unlink_files(keep):
     return subdirectories
 
 
-def _clean_up(settings):
-    if settings["own_pid_namespace"] and not _kill_leftovers():
+def _clean_up(settings, template_pid):
+    if settings["own_pid_namespace"] and not _kill_leftovers(template_pid):
         return False
     try:
         for path in settings["scratch_dirs"]:
@@ -528,36 +708,67 @@ def _readable(fd):
     return bool(select.select([fd], [], [], 0)[0])
 
 
-def _serve(proto_in, proto_out, settings):
-    """Answer requests until the host closes the protocol or a clean-up fails (then retire)."""
-    child = _fork_child(settings, ahead=True)
+def _retire(proto_out, why):
+    """Tell the host this worker takes no more calls, and exit."""
+    _send(proto_out, {"worker_retiring": True})
+    sys.exit(why)
+
+
+def _serve(proto_in, proto_out, settings, template):
+    """Answer requests until the host closes the protocol, or retire when a clean-up fails, the template is
+    lost or a call changed what the calls inherit."""
+    expected = inherited_state()
+    try:
+        child = template.fork(ahead=True)
+    except _TemplateLost:
+        child = None  # the first request finds out, and the worker retires after its reply
     while True:
         request = _receive(proto_in)
         if request is None:
             return
+        lost = None
         if not isinstance(child, _Child):
-            child = _fork_child(settings, ahead=False)  # none was forked ahead, or that fork failed
+            try:
+                child = template.fork(ahead=False)  # none was forked ahead, or that fork failed
+            except _TemplateLost as error:
+                lost, child = error, OSError(f"the sandbox worker lost its template: {error}")
         if isinstance(child, OSError):
             _send(proto_out, _failed_fork_reply(child))
         else:
-            reply, reaped = _execute(child, request)
+            reply, reaped = _execute(child, request, template)
             _send(proto_out, reply)
             if not reaped:
-                os.waitpid(child.pid, 0)  # killed already; its teardown ran while the host read the reply
+                try:
+                    template.wait(child.pid)  # killed already; its teardown ran while the host read the reply
+                except _TemplateLost as error:
+                    lost = error
+        if lost is not None:
+            _retire(proto_out, str(lost))
         # Clean before the next child exists, so that it starts from an empty scratch and no leftovers.
-        if not _clean_up(settings):
-            _send(proto_out, {"worker_retiring": True})
-            sys.exit("leftover processes or files could not be removed")
+        if not _clean_up(settings, template.pid):
+            _retire(proto_out, "leftover processes or files could not be removed")
+        if inherited_state() != expected:
+            _retire(proto_out, "a call changed the worker's limits or scheduling")
         # Fork ahead only when idle: with the next request already queued (a saturated pool), a child
         # forked now would only make this worker's own work copy pages it shares with that child.
         saturated = request.get("calls_waiting") or _readable(proto_in)
-        child = None if saturated else _fork_child(settings, ahead=True)
+        try:
+            if saturated:
+                child = None
+                template.check()  # what forking ahead would have checked
+            else:
+                child = template.fork(ahead=True)
+        except _TemplateLost as error:
+            _retire(proto_out, str(error))
         _write_all(proto_out, _READY_FRAME)
 
 
 def main():
     settings = json.loads(sys.argv[1])
-    settings["rlimits"] = rlimit_table(settings["limits"])
+    limits = dict(settings["limits"])
+    if limits.get("max_processes") is not None:
+        limits["max_processes"] = int(limits["max_processes"]) + 1  # the template runs as the same uid
+    settings["rlimits"] = rlimit_table(limits)
     proto_in, proto_out = os.dup(0), os.dup(1)
     null = os.open(os.devnull, os.O_RDWR)
     os.dup2(null, 0)
@@ -574,10 +785,11 @@ def main():
     _make_undumpable()
     sys.stdout.flush()
     sys.stderr.flush()
-    if not _clean_up(settings):
+    if not _clean_up(settings, 0):
         sys.exit("the scratch directories could not be emptied")
+    template = start_template(settings, (proto_in, proto_out))  # before any request: it never sees one
     _send(proto_out, {"ready": True, "preloaded": loaded, "failed": failed, "problems": problems})
-    _serve(proto_in, proto_out, settings)
+    _serve(proto_in, proto_out, settings, template)
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ import uuid
 
 import pytest
 
+from .conftest import SERVER_PID
 
 pytestmark = pytest.mark.skipif(not os.path.isdir("/proc"), reason="the local sandbox needs Linux")
 
@@ -209,18 +210,19 @@ def test_filling_the_scratch_disk_stops_at_its_size(target, healthy):
 
 
 @pytest.mark.parametrize(
-    "code",
+    ("code", "call_survives"),
     [
-        "import os\nos.kill(os.getppid(), 9)",
-        "import os, signal\nos.killpg(os.getpgid(os.getppid()), signal.SIGKILL)",
-        "import os, signal\nos.kill(-1, signal.SIGKILL)",
-        "import os, signal\nos.killpg(0, signal.SIGKILL)",
+        ("import os\nos.kill(os.getppid(), 9)\nprint('killed')", True),  # the template: the worker retires after
+        (f"import os\nos.kill({SERVER_PID}, 9)", False),  # the server, which reads the output
+        ("import os, signal\nos.killpg(os.getpgid(os.getppid()), signal.SIGKILL)", False),
+        ("import os, signal\nos.kill(-1, signal.SIGKILL)", False),
+        ("import os, signal\nos.killpg(0, signal.SIGKILL)", False),
     ],
-    ids=["kill-parent", "killpg-parent", "kill-all", "killpg-self"],
+    ids=["kill-template", "kill-server", "killpg-worker", "kill-all", "killpg-self"],
 )
-def test_killing_the_worker_or_pool_only_costs_that_call(target, code, healthy):
+def test_killing_the_worker_or_pool_only_costs_that_call(target, code, call_survives, healthy):
     result = target.run_sync(code)
-    assert not result.ok
+    assert result.ok == call_survives, result.text
     healthy(target)
 
 

@@ -19,6 +19,8 @@ from rapo_tools.sandbox.pool import (
     imports_only_stdlib,
 )
 
+from .conftest import SERVER_PID
+
 
 class RecordingWorker(Worker):
     """Answers after a short pause, recording the order of requests and how many run at once."""
@@ -206,7 +208,7 @@ def test_a_worker_that_cannot_start_is_reported_and_retried():
 
 
 def test_the_real_pool_restarts_a_killed_worker(single_worker_sandbox):
-    lost = single_worker_sandbox.run_sync("import os\nos.kill(os.getppid(), 9)")
+    lost = single_worker_sandbox.run_sync(f"import os\nos.kill({SERVER_PID}, 9)")
     assert not lost.ok and lost.error == "sandbox_worker_lost"
     after = single_worker_sandbox.run_sync("import numpy\nprint(numpy.int64(2) ** 10)")
     assert after.ok and after.text == "1024\n"

@@ -8,6 +8,8 @@ import os
 
 import pytest
 
+from .conftest import SERVER_PID
+
 pytestmark = pytest.mark.skipif(not os.path.isdir("/proc"), reason="the local sandbox needs Linux")
 
 
@@ -38,8 +40,15 @@ def test_other_sandboxes_and_host_processes_cannot_be_seen_or_signalled(sandbox,
 
 
 def test_stopping_the_worker_only_costs_that_call(target, healthy):
-    result = target.run_sync("import os, signal\nos.kill(os.getppid(), signal.SIGSTOP)\nprint('stopped it')")
+    result = target.run_sync(f"import os, signal\nos.kill({SERVER_PID}, signal.SIGSTOP)\nprint('stopped it')")
     assert not result.ok  # the call is abandoned once the worker stops answering; a fresh worker takes over
+    healthy(target)
+
+
+def test_stopping_the_template_costs_nothing(target, healthy):
+    # The call's parent is the worker's template: the clean-up continues it before the next fork.
+    result = target.run_sync("import os, signal\nos.kill(os.getppid(), signal.SIGSTOP)\nprint('stopped it')")
+    assert result.ok and result.text == "stopped it\n", result.text
     healthy(target)
 
 
