@@ -39,7 +39,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import functools
-import itertools
 import json
 import logging
 import os
@@ -61,7 +60,55 @@ logger = logging.getLogger(__name__)
 SANDBOX_GID = 65534
 """Group of the sandboxed code when rapo runs as root (``nogroup``)."""
 
-_uid_counter = itertools.count()
+UIDS_PER_PROCESS = 4096
+"""Sandbox uids each rapo process draws from (its band: ``sandbox_uid_base + (pid % 4096) * 4096``)."""
+
+
+class UidAllocator:
+    """Hands out sandbox uids, never one that is live: in use by a worker of this process, or by any process
+    on the host (a worker of another rapo process, or what a killed worker left behind).
+
+    Two live sandboxes never share a uid, and so never share a process budget (``RLIMIT_NPROC`` counts per uid).
+
+    Example:
+        >>> uids = UidAllocator(200_000, size=3)
+        >>> first, second = uids.acquire(), uids.acquire()
+        >>> first != second
+        True
+        >>> uids.release(first)
+    """
+
+    def __init__(self, base: int, size: int = UIDS_PER_PROCESS) -> None:
+        self.base = base
+        self.size = size
+        self._next = 0
+        self._live: set[int] = set()
+
+    def acquire(self) -> int:
+        """A uid not live now; raises `SandboxUnavailableError` when every uid of the band is."""
+        for _ in range(self.size):
+            uid = self.base + self._next
+            self._next = (self._next + 1) % self.size
+            if uid not in self._live and not _processes_of(uid):
+                self._live.add(uid)
+                return uid
+        raise SandboxUnavailableError(f"all {self.size} sandbox uids from {self.base} are in use")
+
+    def release(self, uid: int) -> None:
+        """Let ``uid`` be handed out again (once no process runs as it)."""
+        self._live.discard(uid)
+
+
+_uid_allocators: dict[int, UidAllocator] = {}
+
+
+def uid_allocator(config: SandboxConfig) -> UidAllocator:
+    """This process's allocator for ``config``'s uid base (one per base, shared by every executor)."""
+    base = config.sandbox_uid_base + (os.getpid() % 4096) * UIDS_PER_PROCESS
+    if base not in _uid_allocators:
+        _uid_allocators[base] = UidAllocator(base)
+    return _uid_allocators[base]
+
 _THREAD_ENV = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "NUMEXPR_NUM_THREADS")
 
 
@@ -207,12 +254,11 @@ class LocalSandboxExecutor(PooledExecutor):
         logger.warning(message)
         self.prefix = []
 
-    def _worker_settings(self, scratch: str, light: bool) -> dict:
+    def _worker_settings(self, scratch: str, light: bool, uid: int | None) -> dict:
         preload, warmup = self.config.worker_preload(light)
         limits = self.config.worker_limits()
         drop_to = None
-        if self.isolated and self.as_root:
-            uid = self.config.sandbox_uid_base + (os.getpid() % 4096) * 256 + next(_uid_counter) % 256
+        if uid is not None:
             drop_to = [uid, SANDBOX_GID]
         else:
             # The code runs as this user, whose other processes count against RLIMIT_NPROC too.
@@ -233,7 +279,9 @@ class LocalSandboxExecutor(PooledExecutor):
 
     async def _spawn_worker(self, slot: int, light: bool) -> StreamWorker:
         scratch = "" if self.isolated else tempfile.mkdtemp(prefix="rapo-sandbox-")
-        settings = self._worker_settings(scratch, light)
+        uids = uid_allocator(self.config) if self.isolated and self.as_root else None
+        uid = uids.acquire() if uids else None
+        settings = self._worker_settings(scratch, light, uid)
         env = sandbox_environment() if self.isolated else {**sandbox_environment(), "TMPDIR": scratch, "HOME": scratch}
         group = MemoryCgroup.create() if self.isolated and self.config.memory_cgroup else None
         # The shell joins the cgroup, then becomes bwrap: every process of the sandbox is born inside it.
@@ -269,6 +317,8 @@ class LocalSandboxExecutor(PooledExecutor):
                 shutil.rmtree(scratch, ignore_errors=True)
             if group:
                 await _remove_cgroup(group)
+            if uids and uid is not None:
+                uids.release(uid)  # handed out again only once no process runs as it
 
         worker = StreamWorker(process.stdout, process.stdin, stop, describe_death)
         try:
