@@ -31,7 +31,6 @@ from rapo_env.core import ToolEnv
 from rapo_env.envs.reward_spec import RewardSpec, resolve_reward
 from rapo_env.envs.shared import SHARED
 from rapo_env.prompts import build_system_prompt
-from rapo_env.rewards.text import FORMAT_PENALTY
 from rapo_env.tasks import Task, resolve_tasks
 from rapo_env.tasks.knowledge_base import KnowledgeBase, KnowledgeBaseConfig
 from rapo_env.tasks.web_datasets import WEB_DATASET_FILES, knowledge_base_site, load_web_dataset
@@ -47,7 +46,7 @@ from rapo_tools.web.search_tool import WebSearchConfig, WebSearchTool
 from rapo_tools.web.website import serve_site
 
 OFFLINE_DATASETS = ("offline",)
-WEB_REWARDS = ("reference", "f1", "em", "judge")
+WEB_REWARDS = ("f1", "reference", "em", "judge")
 
 WEB_TOOL_DESCRIPTIONS = {
     "search": "a web search engine: it returns the top pages for your query, each with a title, a URL and a snippet",
@@ -111,7 +110,9 @@ class WebEnv(ToolEnv):
         browse: `BrowseConfig` or dict; the offline site's origin is always allowed.
         python: Also offer the ``<python>`` tool.
         sandbox: Python sandbox settings when ``python`` is on.
-        reward: ``"reference"`` (spec §2), ``"f1"``, ``"em"``, ``"judge"`` or a callable.
+        reward: ``"f1"`` (default, as in ``RAPO-QA-v0``: the same answer scores the same in both envs),
+            ``"em"``, ``"reference"`` (spec §2: also asks for ``<think>`` and ``\\boxed{}``),
+            ``"judge"`` or a callable.
         judge: OpenAI-compatible endpoint of the judge, for ``reward="judge"``.
         split: ``train``/``validation``/``test`` of the knowledge base's questions (offline only).
         seed: Seed of the generated knowledge base.
@@ -133,7 +134,7 @@ class WebEnv(ToolEnv):
         browse: BrowseConfig | dict[str, Any] | None = None,
         python: bool = False,
         sandbox: Any = None,
-        reward: RewardSpec = "reference",
+        reward: RewardSpec = "f1",
         judge: ChatConfig | dict[str, Any] | None = None,
         split: str = "train",
         seed: int = 0,
@@ -181,8 +182,7 @@ class WebEnv(ToolEnv):
         super().__init__(
             tasks=tasks,
             tools=tools,
-            reward=resolve_reward(reward, tags, WEB_REWARDS, "RAPO-Web-v0", format_penalty=FORMAT_PENALTY,
-                                  judge=judge),
+            reward=resolve_reward(reward, tags, WEB_REWARDS, "RAPO-Web-v0", judge=judge),
             system_prompt=system_prompt
             or build_system_prompt({tag: WEB_TOOL_DESCRIPTIONS[tag] for tag in tags}, max_tool_calls),
             max_tool_calls=max_tool_calls,
