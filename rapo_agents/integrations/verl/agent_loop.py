@@ -39,7 +39,7 @@ import gymnasium as gym
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput, register
 
 import rapo_env  # noqa: F401  (registers the rapo env ids)
-from rapo_agents.integrations.verl.protocol import EXTRA_FIELD, episode_fields
+from rapo_agents.integrations.verl.protocol import EXTRA_FIELD, check_fidelity, episode_fields, retrieval_settings
 from rapo_agents.buffer_build.defaults import resolve_retriever
 from rapo_agents.policies.base import TOOL_STOP_STRINGS, Generation
 from rapo_agents.rollout.episode import Episode
@@ -59,6 +59,9 @@ class RapoEnvAgentLoop(AgentLoopBase):
         env_kwargs: keyword arguments of ``gym.make`` (dataset, sandbox, max_tool_calls, ...).
         retrieval: keyword arguments of `StepTraceRetrievalWrapper` (``retriever`` is ``"default"``,
             a buffer path or a ``/retrieve`` URL); None or empty runs pure on-policy rollouts (GRPO).
+            ``select`` and ``hybrid_rule`` absent or ``auto`` follow ``fidelity`` (`protocol.retrieval_settings`).
+        fidelity: ``"paper"`` or ``"reference"`` (``docs/fidelity.md``); recorded in every rollout's
+            record, and the trainer refuses a record whose fidelity is not its own ``rapo.fidelity``.
         max_turns: most generations per episode (the env's own tool-call limit usually ends it first).
         *args, **kwargs: what verl passes to every agent loop.
     """
@@ -70,6 +73,7 @@ class RapoEnvAgentLoop(AgentLoopBase):
         env_kwargs: dict[str, Any] | None = None,
         retrieval: dict[str, Any] | None = None,
         max_turns: int = 8,
+        fidelity: str = "paper",
         **kwargs: Any,
     ):
         kwargs.pop("name", None)  # the config entry's own name, passed along by hydra.instantiate
@@ -78,7 +82,8 @@ class RapoEnvAgentLoop(AgentLoopBase):
             raise ValueError(f"max_turns must be >= 1, got {max_turns}")
         self.env_id = env_id
         self.env_kwargs = dict(env_kwargs or {})
-        self.retrieval = dict(retrieval or {})
+        self.fidelity = check_fidelity(fidelity)
+        self.retrieval = retrieval_settings(retrieval, fidelity) if retrieval else {}
         self.max_turns = max_turns
         self.response_length = self.rollout_config.response_length
 
@@ -133,14 +138,16 @@ class RapoEnvAgentLoop(AgentLoopBase):
             episode.add_step(*step)
             if episode.done:
                 break
-        return self._output(episode.to_trajectory(AGENT_NAME), metrics, bool(sampling_params.get("logprobs")))
+        return self._output(episode.to_trajectory(AGENT_NAME), metrics, bool(sampling_params.get("logprobs")),
+                            self.fidelity)
 
     @property
     def vocab_size(self) -> int:
         return len(self.tokenizer)
 
     @staticmethod
-    def _output(trajectory: Trajectory, metrics: dict[str, float], logprobs: bool) -> AgentLoopOutput:
+    def _output(trajectory: Trajectory, metrics: dict[str, float], logprobs: bool,
+                fidelity: str = "paper") -> AgentLoopOutput:
         """verl's output of one episode: the response part of its trajectory plus rapo's fields (see `protocol`)."""
         offset = trajectory.prompt_length
         response_ids = trajectory.token_ids[offset:]
@@ -149,6 +156,7 @@ class RapoEnvAgentLoop(AgentLoopBase):
             [int(step.retrieval is not None) for step in trajectory.steps],
             trajectory.extra["retrieval_tokens"],
             len(response_ids),
+            fidelity,
         )
         return AgentLoopOutput(
             prompt_ids=trajectory.token_ids[:offset],

@@ -24,7 +24,7 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -34,11 +34,45 @@ from rapo_agents.rapo import EPS, retrieval_entropy_pairs, retrieval_reward, ste
 EXTRA_FIELD = "rapo"
 """Key of rapo's per-trajectory record inside verl's ``extra_fields``."""
 
+FIDELITIES = ("paper", "reference")
+
+
+def check_fidelity(fidelity: str) -> str:
+    """``fidelity`` when it is ``"paper"`` or ``"reference"``; else a ValueError that says so."""
+    if fidelity not in FIDELITIES:
+        raise ValueError(f"fidelity must be 'paper' or 'reference', got {fidelity!r}")
+    return fidelity
+
+
+def retrieval_settings(retrieval: Mapping[str, Any], fidelity: str) -> dict[str, Any]:
+    """The retrieval wrapper's keyword arguments under ``fidelity`` (``docs/fidelity.md``).
+
+    ``select`` and ``hybrid_rule`` follow the fidelity when absent or ``"auto"``: the paper's most
+    similar candidate and ``index >= k`` split, or the reference's highest-reward candidate,
+    ``index > k`` split and fallback splice. A value given explicitly is kept.
+
+    Example:
+        >>> retrieval_settings({"topk": 3}, "reference")
+        {'topk': 3, 'select': 'max_reward', 'hybrid_rule': 'reference'}
+        >>> retrieval_settings({"select": "auto"}, "paper")
+        {'select': 'most_similar', 'hybrid_rule': 'paper'}
+    """
+    check_fidelity(fidelity)
+    settings = dict(retrieval)
+    if settings.get("select", "auto") == "auto":
+        settings["select"] = "most_similar" if fidelity == "paper" else "max_reward"
+    if settings.get("hybrid_rule", "auto") == "auto":
+        settings["hybrid_rule"] = fidelity
+    return settings
+
 
 def episode_fields(
-    step_spans: Sequence[tuple[int, int]], retrieved_after: Sequence[int], retrieval_tokens: int, response_tokens: int
+    step_spans: Sequence[tuple[int, int]], retrieved_after: Sequence[int], retrieval_tokens: int, response_tokens: int,
+    fidelity: str = "paper",
 ) -> dict[str, Any]:
     """The record the agent loop stores under :data:`EXTRA_FIELD` (plain Python values, so it pickles anywhere).
+
+    ``fidelity`` is the agent loop's, so that the trainer can refuse a run whose two halves disagree.
 
     Raises:
         ValueError: when spans and marks disagree in length or a span is malformed.
@@ -53,11 +87,12 @@ def episode_fields(
         "retrieved_after": [int(bool(mark)) for mark in retrieved_after],
         "retrieval_tokens": int(retrieval_tokens),
         "f_ret": float(retrieval_tokens) / max(1, response_tokens),
+        "fidelity": check_fidelity(fidelity),
     }
 
 
 def retrieval_terms_from_fields(
-    token_entropy: torch.Tensor, fields: Sequence[dict[str, Any] | None], eps: float = EPS
+    token_entropy: torch.Tensor, fields: Sequence[dict[str, Any] | None], eps: float = EPS, fidelity: str = "paper",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(Z_ret, F_ret)`` per row from the actor's response-token entropies and the agent loop's records.
 
@@ -65,12 +100,23 @@ def retrieval_terms_from_fields(
         token_entropy: ``(bs, response_length)`` full-vocabulary entropy at each response token.
         fields: per row, the :data:`EXTRA_FIELD` record (None for rows from another agent loop: 0, 0).
         eps: added to ``H_pre`` in the relative entropy drop.
+        fidelity: the trainer's ``rapo.fidelity``; every record must come from an agent loop of the same.
 
     Returns:
         ``Z_ret`` and ``F_ret``, each ``(bs,)`` in the entropy's dtype.
+
+    Raises:
+        ValueError: a malformed entropy tensor, or a record whose agent loop ran under another fidelity.
     """
     if token_entropy.dim() != 2 or token_entropy.shape[0] != len(fields):
         raise ValueError(f"token_entropy must be (bs, T) with bs = {len(fields)}, got {tuple(token_entropy.shape)}")
+    check_fidelity(fidelity)
+    for record in fields:
+        if record and record.get("fidelity", "paper") != fidelity:
+            raise ValueError(
+                f"the agent loop ran with fidelity={record.get('fidelity', 'paper')!r} but the trainer has "
+                f"rapo.fidelity={fidelity!r}: set the same in the agent-loop config (its `fidelity:` key, e.g. "
+                "configs/verl_agent_loops_reference.yaml) and in the run config (`rapo.fidelity`)")
     rows, width = token_entropy.shape
     num_steps = max((len(f["step_spans"]) for f in fields if f), default=0) or 1
     token_in_step = torch.zeros(rows, num_steps, width, dtype=torch.bool, device=token_entropy.device)

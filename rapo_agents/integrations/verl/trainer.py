@@ -12,7 +12,12 @@ data is overridden here, through verl's own ``register_trainer`` extension point
   and keeps verl's padding rows (tag ``is_padding``) out of the retrieval terms and metrics.
 
 RAPO's knobs live in a top-level ``rapo:`` section of the verl config (verl's ``algorithm``
-dataclass has no room for them): ``advantage_weight`` (0.2) and ``shaping_weight`` (0.05).
+dataclass has no room for them): ``advantage_weight`` (0.2), ``shaping_weight`` (0.05),
+``fidelity`` (``paper``; it must equal the agent loop's ``fidelity``, which every rollout records)
+and ``step_entropy``. The reference's step entropy needs the top-10 sampling log-probs of every
+generated token, which verl's rollout servers do not return, so ``fidelity: reference`` is refused
+unless ``step_entropy: paper`` says to use the paper's estimator (over the actor's entropies) with
+the rest of the reference mode (``+verl_fidelity=reference``, ``configs/verl_fidelity/reference.yaml``).
 
 What is checked without GPUs: the pieces this step calls (`protocol`, the registered estimator
 and loss) against rapo's own functions, that the class registers, and the step itself against a
@@ -42,7 +47,12 @@ from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 from verl.workers.utils.padding import response_to_nested
 
 from rapo_agents.integrations.verl.algos import ESTIMATOR_NAME, compute_rapo_outcome_advantage
-from rapo_agents.integrations.verl.protocol import EXTRA_FIELD, retrieval_terms_from_fields, shaping_factor
+from rapo_agents.integrations.verl.protocol import (
+    EXTRA_FIELD,
+    check_fidelity,
+    retrieval_terms_from_fields,
+    shaping_factor,
+)
 
 TRAINER_NAME = "rapo"
 """``trainer.v1.trainer_mode`` value that selects this trainer."""
@@ -52,6 +62,32 @@ def rapo_settings(config: Any) -> tuple[float, float]:
     """``(advantage_weight, shaping_weight)`` from the config's ``rapo`` section (spec §8 defaults)."""
     section = config.get("rapo", None) or {}
     return float(section.get("advantage_weight", 0.2)), float(section.get("shaping_weight", 0.05))
+
+
+def rapo_fidelity(config: Any) -> str:
+    """``rapo.fidelity`` of a verl config (``paper`` when absent), checked against what verl can do.
+
+    Raises:
+        ValueError: an unknown fidelity, or ``reference`` without ``rapo.step_entropy: paper`` (the
+            reference's top-k step entropy needs rollout statistics verl does not return).
+
+    Example:
+        >>> rapo_fidelity({"rapo": {"fidelity": "reference", "step_entropy": "paper"}})
+        'reference'
+    """
+    section = config.get("rapo", None) or {}
+    fidelity = check_fidelity(str(section.get("fidelity", "paper")))
+    step_entropy = str(section.get("step_entropy", "auto"))
+    if step_entropy not in ("auto", "paper", "reference"):
+        raise ValueError(f"rapo.step_entropy must be 'auto', 'paper' or 'reference', got {step_entropy!r}")
+    if (fidelity == "reference" and step_entropy != "paper") or step_entropy == "reference":
+        raise ValueError(
+            "the reference's step entropy (the top-10 sampling log-probs of each step's first 20 tokens) cannot be "
+            "computed under verl: its rollout servers return only the sampled token's log-prob. Set "
+            "rapo.step_entropy=paper to run the reference's hybrid split, candidate rule and fallback splice with "
+            "the paper's step entropy (configs/verl_fidelity/reference.yaml does), or train with `rapo train` for the "
+            "reference's estimator")
+    return fidelity
 
 
 def mean_or_zero(values: torch.Tensor) -> float:
@@ -77,6 +113,7 @@ class RapoPPOTrainer(PPOTrainerSync):
                 "rollout_rs=null, bypass_mode=false"
             )
         self.advantage_weight, self.shaping_weight = rapo_settings(config)
+        self.fidelity = rapo_fidelity(config)
         self.norm_adv_by_std = bool(algorithm.get("norm_adv_by_std_in_grpo", True))  # false: Dr.GRPO
         super().__init__(config)
 
@@ -101,7 +138,7 @@ class RapoPPOTrainer(PPOTrainerSync):
         ]
         mask = padded.batch["response_mask"].float()
         entropy = padded.batch["entropy"].float() * mask
-        z_ret, f_ret = retrieval_terms_from_fields(entropy, records)
+        z_ret, f_ret = retrieval_terms_from_fields(entropy, records, fidelity=self.fidelity)
         advantages, returns = compute_rapo_outcome_advantage(
             padded.batch["rm_scores"].float(),
             mask,
