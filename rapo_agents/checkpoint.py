@@ -150,9 +150,16 @@ class CheckpointManager:
         os.replace(temporary, final)
         _fsync_folder(self.directory)  # the rename itself survives a crash
         shutil.rmtree(retired, ignore_errors=True)
-        for old in self.checkpoints()[: -self.keep_last]:
-            shutil.rmtree(old, ignore_errors=True)
+        self._prune(step)
         return final
+
+    def _prune(self, step: int) -> None:
+        """Delete all but the newest ``keep_last`` checkpoints up to ``step`` (the one just saved always stays).
+        Newer ones (say, an unreadable checkpoint that the resume skipped) are left alone: a save never deletes
+        itself to make room for them."""
+        older = [path for path in self.checkpoints() if int(STEP_DIR.match(path.name).group(1)) < step]
+        for old in older[: max(0, len(older) - (self.keep_last - 1))]:
+            shutil.rmtree(old, ignore_errors=True)
 
     def load(self, path: str | os.PathLike[str]) -> dict[str, Any]:
         """Read one checkpoint folder's trainer state (tensors and plain data only).
@@ -162,7 +169,7 @@ class CheckpointManager:
         """
         file = Path(path) / STATE_FILE
         try:
-            return torch.load(file, map_location="cpu", weights_only=True)
+            state = torch.load(file, map_location="cpu", weights_only=True)
         except pickle.UnpicklingError as error:
             # torch's weights-only unpickler names what it refused ("Unsupported global: GLOBAL builtins.open")
             # after a long explanation; corrupt bytes fail in the same unpickler with another reason.
@@ -173,8 +180,11 @@ class CheckpointManager:
                     "and plain data, which a checkpoint written by rapo never does: a tampered or foreign file"
                 ) from error
             raise CheckpointError(f"cannot read checkpoint {file}: the file is corrupt or truncated") from error
-        except (OSError, RuntimeError, EOFError, ValueError) as error:
-            raise CheckpointError(f"cannot read checkpoint {file}: {error}") from error
+        except Exception as error:  # malformed pickles raise IndexError, KeyError, TypeError, EOFError, ...
+            raise CheckpointError(f"cannot read checkpoint {file}: {type(error).__name__}: {error}") from error
+        if not isinstance(state, dict):
+            raise CheckpointError(f"cannot read checkpoint {file}: it holds a {type(state).__name__}, not a dict")
+        return state
 
     def load_latest(self) -> tuple[Path, dict[str, Any]] | None:
         """The newest checkpoint that loads, as ``(folder, state)``, or None when there is none.
@@ -208,12 +218,13 @@ def load_weights(model: torch.nn.Module, folder: str | os.PathLike[str]) -> None
     Raises:
         CheckpointError: when the weights file is missing, unreadable or does not fit the model.
     """
+    from safetensors import SafetensorError
     from safetensors.torch import load_file
 
     file = Path(folder) / WEIGHTS_FILE
     try:
         weights = load_file(file, device=str(next(model.parameters()).device))
-    except (OSError, RuntimeError, ValueError) as error:
+    except (OSError, RuntimeError, ValueError, SafetensorError) as error:  # a bad header: SafetensorError
         raise CheckpointError(f"cannot read the weights {file}: {error}") from error
     missing, unexpected = model.load_state_dict(weights, strict=False)
     tied = set(getattr(model, "_tied_weights_keys", None) or ())

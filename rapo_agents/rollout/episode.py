@@ -31,6 +31,7 @@ import copy
 import dataclasses
 from typing import Any
 
+from rapo_agents.chat_template import render_chat_template
 from rapo_agents.policies.base import Generation
 from rapo_agents.rollout.entropy import step_entropies
 from rapo_agents.scripted import split_spliced_text
@@ -66,7 +67,7 @@ def render_prompt(tokenizer: Any, system_prompt: str, user_prompt: str) -> list[
     messages = [{"role": "user", "content": user_prompt}]
     if system_prompt:
         messages.insert(0, {"role": "system", "content": system_prompt})
-    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    text = render_chat_template(tokenizer, messages, tokenize=False, add_generation_prompt=True)  # time-limited
     return list(tokenizer.encode(text, add_special_tokens=False))
 
 

@@ -130,3 +130,53 @@ def test_graceful_interrupt_turns_the_first_signal_into_a_flag():
         with pytest.raises(KeyboardInterrupt):
             os.kill(os.getpid(), signal.SIGINT)
     assert signal.getsignal(signal.SIGTERM) is not interrupt._handle
+
+
+# Malformed pickles (the red team's): each makes torch's weights-only unpickler raise something other than an
+# UnpicklingError (IndexError, KeyError, TypeError, UnicodeDecodeError, EOFError); one holds no dict at all.
+MALFORMED_STATES = {
+    "reduce-without-a-callable": b"\x80\x02)R.",
+    "stack-underflow": b"\x80\x02t.",
+    "memo-miss": b"\x80\x02h\x05.",
+    "unhashable-key": b"\x80\x02}]K\x01s.",
+    "bad-utf8": b"\x80\x02X\x02\x00\x00\x00\xff\xfe.",
+    "truncated-string": b"\x80\x02X\xff\xff\xff\x7f",
+    "not-a-dict": b"\x80\x02K\x07.",
+}
+
+
+@pytest.mark.parametrize("data", MALFORMED_STATES.values(), ids=MALFORMED_STATES.keys())
+def test_a_malformed_newest_checkpoint_falls_back_to_the_previous_one(tmp_path, data):
+    manager = CheckpointManager(tmp_path)
+    manager.save(1, {"trainer": {"step": 1}})
+    newest = manager.save(2, {"trainer": {"step": 2}})
+    (newest / STATE_FILE).write_bytes(data)
+    with pytest.raises(CheckpointError, match="cannot read checkpoint"):
+        manager.load(newest)
+    with pytest.warns(UserWarning, match="skipping checkpoint step_000002"):
+        folder, state = manager.load_latest()
+    assert folder.name == "step_000001" and state["trainer"]["step"] == 1
+
+
+def test_a_save_never_deletes_itself_to_keep_a_newer_unreadable_checkpoint(tmp_path):
+    manager = CheckpointManager(tmp_path, keep_last=1)
+    manager.save(1, {"trainer": {"step": 1}})
+    (tmp_path / "step_000005").mkdir()  # a newer checkpoint whose state is unreadable (a crash, a bad disk)
+    (tmp_path / "step_000005" / STATE_FILE).write_bytes(b"not a checkpoint")
+    with pytest.warns(UserWarning, match="skipping checkpoint step_000005"):
+        assert manager.load_latest()[0].name == "step_000001"  # the run resumes from step 1 ...
+    for step in (2, 3):  # ... and saves its next steps: each one stays, the older ones go
+        saved = manager.save(step, {"trainer": {"step": step}})
+        assert saved.is_dir()
+        assert [path.name for path in manager.checkpoints()] == [saved.name, "step_000005"]
+
+
+def test_a_weights_file_with_a_bad_header_is_a_checkpoint_error(tmp_path):
+    model = torch.nn.Linear(2, 2)
+    for name, data in {"header-too-long": (1 << 40).to_bytes(8, "little") + b"{}",
+                       "header-not-json": (5).to_bytes(8, "little") + b"{oops"}.items():
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / WEIGHTS_FILE).write_bytes(data)
+        with pytest.raises(CheckpointError, match="cannot read the weights"):
+            load_weights(model, folder)
