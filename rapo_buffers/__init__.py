@@ -10,9 +10,13 @@ Typical use:
     False
 
 Build a buffer from rollouts with ``rapo buffer build``, index it with ``rapo buffer index`` and
-serve it with ``rapo buffer serve``; `rapo_agents.buffer_build.defaults.default_retriever` gives the embedded
-default buffer in-process.
+serve it with ``rapo buffer serve``, or load your own buffer in-process with
+``InProcessRetriever.from_files(buffer_jsonl, index_path)`` (what ``StepTraceRetrievalWrapper`` takes as its
+``retriever``); `rapo_agents.buffer_build.defaults.default_retriever` gives the embedded default buffer.
+`InProcessRetriever` is imported on first use, so ``import rapo_buffers`` stays light.
 """
+
+from typing import Any
 
 from rapo_buffers.candidates import Candidate, Retriever, StaticRetriever
 from rapo_buffers.schema import BufferReadStats, StepTrace, read_buffer, write_buffer
@@ -20,9 +24,18 @@ from rapo_buffers.schema import BufferReadStats, StepTrace, read_buffer, write_b
 __all__ = [
     "BufferReadStats",
     "Candidate",
+    "InProcessRetriever",
     "Retriever",
     "StaticRetriever",
     "StepTrace",
     "read_buffer",
     "write_buffer",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "InProcessRetriever":  # FAISS and the encoder load only when it is used
+        from rapo_buffers.retriever import InProcessRetriever
+
+        return InProcessRetriever
+    raise AttributeError(f"module 'rapo_buffers' has no attribute {name!r}")

@@ -118,3 +118,18 @@ def test_rapo_export_writes_a_folder_plain_transformers_loads(run_folder, tmp_pa
 def test_rapo_export_of_a_folder_without_checkpoint_says_what_to_pass(tmp_path):
     result = rapo("export", str(tmp_path), str(tmp_path / "out"))
     assert result.returncode == 2 and "holds no checkpoint" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_an_export_says_how_to_prompt_it_and_is_readable_by_all(trained_checkpoint, tmp_path):
+    from transformers import GenerationConfig
+
+    target = tmp_path / "exported"
+    result = rapo("export", str(trained_checkpoint), str(target), "--no-check")
+    assert result.returncode == 0, result.stderr[-2000:]
+    card = json.loads((target / "rapo_prompt.json").read_text())
+    assert card["env"] == "RAPO-Math-v0" and card["tool_tags"] == ["python"]
+    assert "<python>" in card["system_prompt"] and "sandbox" not in card["env_kwargs"]
+    assert card["stop_strings"] == ["</python>", "</answer>"]
+    assert GenerationConfig.from_pretrained(target).stop_strings == ["</python>", "</answer>"]
+    assert "rapo_prompt.json" in (target / "README.md").read_text()
+    assert all(path.stat().st_mode & 0o777 == 0o644 for path in target.iterdir())
