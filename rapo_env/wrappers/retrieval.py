@@ -96,6 +96,13 @@ def select_candidate(candidates: list[Candidate], rule: str) -> int:
     raise ValueError(f"unknown select rule {rule!r}; expected one of {SELECT_RULES}")
 
 
+REFERENCE_ERROR_PREFIX = "Retrieve error: "
+"""With ``hybrid_rule="reference"``, a failed retrieval splices this and the error, as the reference's tool does."""
+REFERENCE_EMPTY_TEXT = "Error processing retrieve results: max() arg is an empty sequence"
+"""With ``hybrid_rule="reference"``, what a retrieval without candidates splices: the reference's tool
+takes the ``max`` of the empty hit list and splices the error it catches."""
+
+
 class StepTraceRetrievalWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
     """Splice retrieved step traces into the observations of hybrid rollouts (spec §4).
 
@@ -112,7 +119,8 @@ class StepTraceRetrievalWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
         fallback_text: spliced (inside ``template``) when the chosen candidate's reward is <= 0; None: the
             reference's sentence in its ``<think>`` wrapper with ``hybrid_rule="reference"``, else `FALLBACK_TEXT`.
         allow_final_steps: splice final-answer steps too (off by default: they break the one-answer format).
-        hybrid_rule: ``"paper"`` (index >= k is hybrid) or ``"reference"`` (index > k).
+        hybrid_rule: ``"paper"`` (index >= k is hybrid; a failed or empty retrieval splices nothing) or
+            ``"reference"`` (index > k; a failed or empty retrieval splices the reference's error text).
         retrieve_after: ``"any_round"`` (reference: every round the episode goes on from) or ``"tool_round"``
             (only rounds that ran a tool); see the module docstring.
         max_context_chars: skip a splice that would make the context longer than this (None: no limit).
@@ -275,25 +283,35 @@ class StepTraceRetrievalWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
             candidates = list(results[0])
             if not all(isinstance(candidate, Candidate) for candidate in candidates):
                 raise TypeError("the retriever returned something other than Candidate objects")
-        except Exception as error:  # any retriever failure: no splice on this step, the episode goes on
+        except Exception as error:  # any retriever failure: no splice on this step (paper), the episode goes on
             self._errors += 1
-            return None, f"{type(error).__name__}: {error}"
+            message = f"{type(error).__name__}: {error}"
+            if self.hybrid_rule != "reference":
+                return None, message
+            candidates, failure = [], REFERENCE_ERROR_PREFIX + message  # the reference splices its error
+        else:
+            failure = REFERENCE_EMPTY_TEXT
+            message = None
         if not self.allow_final_steps:
             candidates = [c for c in candidates if not (c.is_final or is_final_step_text(c.value))]
         candidates = candidates[: self.topk]
+        chosen: int | None = None
         if not candidates:
-            return None, None
-        chosen: int | None = select_candidate(candidates, self.select)
-        if candidates[chosen].reward <= 0:
-            value, chosen = self.fallback_text, None
+            if self.hybrid_rule != "reference":
+                return None, None
+            value = failure
         else:
-            value = candidates[chosen].value
+            chosen = select_candidate(candidates, self.select)
+            if candidates[chosen].reward <= 0:
+                value, chosen = self.fallback_text, None
+            else:
+                value = candidates[chosen].value
         text = self.template.replace("{value}", value)
         if (
             self.max_context_chars is not None
             and len(self._context) + len(observation) + len(text) > self.max_context_chars
         ):
-            return None, None
+            return None, message
         return {
             "text": text,
             "span": (len(observation), len(observation) + len(text)),
@@ -302,7 +320,7 @@ class StepTraceRetrievalWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
             "rewards": [c.reward for c in candidates],
             "chosen": -1 if chosen is None and self.vector_safe_info else chosen,
             "fallback": chosen is None,
-        }, None
+        }, message
 
     @staticmethod
     def _require_text(observation: Any, where: str) -> None:
