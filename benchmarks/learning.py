@@ -1,28 +1,39 @@
-"""The learning benchmark: held-out accuracy of RAPO against GRPO, with the warm-up-only policy as the floor.
+"""The learning benchmark: RAPO against GRPO where a retrieved step carries information, with the paper's ablations.
 
-Every run is `rapo train` on the embedded defaults (SmolLM2-135M-Instruct, procedural math, the sandboxed python
-tool). GRPO is the same trainer with ``retrieval.enabled=false``. Runs of one seed share everything else: the
-warm-up, the questions in the same order, the sampling seeds and the same budget of steps. The warm-up-only
-floor is the held-out evaluation at step 0, right after the warm-up and before any RL step. It is the same
-policy for RAPO and GRPO of a seed.
+Every run is `rapo train` on an embedded task (SmolLM2-135M-Instruct, generated questions, real tools):
 
-Two settings are measured:
+- ``qa``: 1-3-hop questions over the generated knowledge base with ``<search>`` (``configs/qa.yaml``);
+- ``math-multistep``: procedural math in two dependent python calls (``configs/math_multistep.yaml``);
+- ``math``: the `make run` default (one python call; a third row, where RAPO is expected to equal GRPO).
 
-- **with the warm-up** (the `make run` default);
-- **without it** (``warmup.sft_steps=0``). SmolLM2 then never writes a tool tag by itself, so GRPO sees reward -1
-  everywhere and gets no gradient. RAPO's hybrid rollouts see expert steps spliced into their context. The
-  wrapper retrieves after every generation round, with or without a tool call
-  (``retrieval.retrieve_after=any_round``, as the reference does), so they are shown expert steps even though
-  the model never calls a tool. The benchmark reports whether that gives RAPO rewards (``rollouts with reward >
-  -1``), updates (``updates``) and then held-out accuracy where GRPO has none.
+Methods (``METHODS``): GRPO (retrieval off), RAPO, and the paper's Table 3 ablations: RAPO with random retrieval
+(step traces drawn at random from the buffer), without the retrieval reward (``advantage_weight=0``) and without
+importance shaping (``shaping_weight=0``). Settings: with the warm-up (the default) and without it
+(``warmup.sft_steps=0``, twice the steps).
 
-Held-out accuracy is greedy, on the same 100 test questions for every run; curves are the mean over seeds with
-a 95% t-interval across seeds. Everything goes to ``benchmarks/results/learning[_quick].json`` and ``.png``.
+**Shared work.** The methods of one (task, setting, seed) start from one shared run folder trained to step 0:
+the warm-up and the step-0 held-out evaluation run once, and every method resumes from its checkpoint (same
+weights, same RNG state, same question order), so their step-0 evaluations are identical by construction.
 
-    python benchmarks/learning.py              # 3 seeds x {RAPO, GRPO} x {warm-up, none}
-    python benchmarks/learning.py --quick      # 1 seed, 2 steps, 20 held-out questions (a smoke run, minutes)
-    python benchmarks/learning.py --seeds 0 1 2 3 --set total_steps=16
-    python benchmarks/learning.py --report-only   # the table and plot again, from the run folders
+**Resumable.** A finished run leaves ``benchmark_done.json``; a rerun skips it, so the benchmark can be run in
+parts (``--tasks qa --methods GRPO RAPO --seeds 0 1``) and tabulated at the end (``--report-only``).
+
+**The comparison.** RAPO − GRPO after RL is paired over the same held-out questions and pooled over seeds
+(percentile bootstrap over question-seed pairs), with the per-seed differences beside it. Power: two methods
+that disagree on a fraction d of the paired questions give a standard error of about sqrt(d / n) for n pairs; at
+d = 0.2 (what two trained policies of one seed showed on the math task), telling a 5-point difference at 95%
+with 80% power needs n = (1.96 + 0.84)^2 * 0.2 / 0.05^2 = 627 pairs: 200 held-out questions (the QA config's)
+over 5 seeds give 1,000, 100 math questions over 5 seeds give 500 (a 5.6-point detectable difference).
+
+**The mechanism** (the paper's Fig. 3/4), per RAPO run, means over its steps: the share of hybrid rollouts that got
+a splice and the splices skipped for the budget; reward, response tokens and tool calls of spliced against
+unspliced rollouts; the step entropy before and after a splice (what the retrieval reward scores); rollout and
+update seconds per step. Everything goes to ``benchmarks/results/learning[_quick].json`` and ``.png``.
+
+    python benchmarks/learning.py                 # the full plan (see --help); resumable
+    python benchmarks/learning.py --quick         # QA, 1 seed, RAPO and GRPO, 2 steps, 20 held-out questions
+    python benchmarks/learning.py --tasks qa --methods GRPO RAPO --seeds 0 1 2 3 4
+    python benchmarks/learning.py --report-only   # the tables and plot again, from the run folders
 """
 
 from __future__ import annotations
@@ -31,7 +42,9 @@ import argparse
 import json
 import math
 import os
+import shutil
 import statistics
+import time
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -40,52 +53,110 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # see rapo_cli/train.py
 
 from _report import RESULTS_DIR, report
 
-METHODS = {"RAPO": [], "GRPO": ["retrieval.enabled=false"]}
-"""Each method's overrides on top of the embedded defaults."""
-SETTINGS = {"warm-up": [], "no warm-up": ["warmup.sft_steps=0"]}
-"""The two starting points."""
+REPO = Path(__file__).resolve().parent.parent
+TASKS = {"qa": REPO / "configs/qa.yaml", "math-multistep": REPO / "configs/math_multistep.yaml", "math": None}
+"""Each task's config (None: the embedded default)."""
+METHODS = {
+    "GRPO": ["retrieval.enabled=false"],
+    "RAPO": [],
+    "RAPO random retrieval": ["retrieval.random=true"],
+    "RAPO no retrieval reward": ["algorithm.advantage_weight=0"],
+    "RAPO no shaping": ["algorithm.shaping_weight=0"],
+}
+"""Each method's overrides on top of its task's config."""
+ABLATIONS = ("RAPO random retrieval", "RAPO no retrieval reward", "RAPO no shaping")
+SETTINGS = {"warm-up": [], "no warm-up": ["warmup.sft_steps=0", "total_steps=20"]}
+"""The two starting points; without the warm-up the run gets twice the steps."""
+PLAN = {"tasks": ["qa", "math-multistep"], "methods": ["GRPO", "RAPO"], "seeds": [0, 1, 2, 3, 4],
+        "ablation_tasks": ["qa"], "ablation_seeds": [0, 1, 2], "no_warmup_seeds": [0, 1, 2]}
+"""The full benchmark: RAPO and GRPO on both tasks over 5 seeds, the ablations on QA over 3, and the no-warm-up
+setting on both tasks over 3."""
 QUICK = ["total_steps=2", "evaluation.heldout_tasks=20"]
+DONE = "benchmark_done.json"
 
 
-def run_folder(output_root: Path, method: str, setting: str, seed: int) -> Path:
-    return output_root / f"{method.lower()}-{setting.replace(' ', '')}-seed{seed}"
+def run_folder(root: Path, task: str, setting: str, seed: int, method: str) -> Path:
+    slug = method.lower().replace(" ", "-")
+    return root / task / setting.replace(" ", "") / f"seed{seed}" / slug
 
 
-def train_one(method: str, setting: str, seed: int, overrides: list[str], folder: Path) -> None:
-    """Train one run from scratch into ``folder``."""
+def make_config(task: str, setting: str, seed: int, overrides: list[str], folder: Path, method: str | None):
     from rapo_agents.config import load_config
+
+    method_overrides = METHODS[method] if method else ["retrieval.enabled=false", "total_steps=0"]
+    config_path = TASKS[task]
+    return load_config(str(config_path) if config_path else None, [
+        *SETTINGS[setting], *overrides, *method_overrides, f"seed={seed}", "logging.plot=false",
+        "logging.progress=false", f"logging.output_dir={folder}"])
+
+
+def train_base(task: str, setting: str, seed: int, overrides: list[str], root: Path) -> Path:
+    """The shared start of a (task, setting, seed): the warm-up and the step-0 held-out evaluation, once."""
     from rapo_agents.trainer import RAPOTrainer
 
-    config = load_config(None, [*METHODS[method], *SETTINGS[setting], *overrides, f"seed={seed}",
-                                "logging.resume=false", "logging.plot=false", f"logging.output_dir={folder}"])
-    RAPOTrainer(config).train()
+    folder = run_folder(root, task, setting, seed, "shared-start")
+    if not (folder / DONE).is_file():
+        print(f"== shared start: {task}, {setting}, seed {seed}")
+        started = time.perf_counter()
+        RAPOTrainer(make_config(task, setting, seed, overrides, folder, None)).train()
+        (folder / DONE).write_text(json.dumps({"seconds": time.perf_counter() - started,
+                                               "load_average": os.getloadavg()[0]}))
+    return folder
 
 
-def summarize(method: str, setting: str, seed: int, folder: Path) -> dict:
-    """One finished run, read back from what it wrote: per-step history, held-out evaluations and seconds."""
+def train_method(task: str, setting: str, seed: int, method: str, overrides: list[str], root: Path) -> Path:
+    """One method's run, resumed from the shared start (copied once); skipped when already finished."""
+    from rapo_agents.trainer import RAPOTrainer
+
+    folder = run_folder(root, task, setting, seed, method)
+    if (folder / DONE).is_file():
+        return folder
+    base = train_base(task, setting, seed, overrides, root)
+    if not folder.exists():
+        shutil.copytree(base, folder, ignore=shutil.ignore_patterns(DONE, "*.lock", "events.out.tfevents.*"))
+    print(f"== {method}: {task}, {setting}, seed {seed}")
+    started = time.perf_counter()
+    result = RAPOTrainer(make_config(task, setting, seed, overrides, folder, method)).train()
+    if not result.interrupted:
+        (folder / DONE).write_text(json.dumps({"seconds": time.perf_counter() - started,
+                                               "load_average": os.getloadavg()[0]}))
+    return folder
+
+
+def nanmean(values) -> float:
+    kept = [value for value in values if value is not None and not math.isnan(value)]
+    return statistics.fmean(kept) if kept else float("nan")
+
+
+def summarize(task: str, setting: str, seed: int, method: str, folder: Path) -> dict:
+    """One finished run, read back from what it wrote: held-out evaluations, mechanism means, seconds, load."""
     from rapo_agents.heldout import paired_difference
     from rapo_agents.metrics import read_metrics
 
     history = [record for record in read_metrics(folder / "metrics.jsonl") if record["step"] > 0]
     heldout = read_metrics(folder / "eval" / "metrics.jsonl")
-    profile = json.loads((folder / "profile.json").read_text(encoding="utf-8"))
+    done = json.loads((folder / DONE).read_text(encoding="utf-8"))
     difference = paired_difference(heldout[0]["correct"], heldout[-1]["correct"]) if len(heldout) > 1 else None
 
     def mean_of(key: str) -> float:
-        return statistics.fmean(record.get(key, 0.0) for record in history) if history else 0.0
+        return nanmean(record.get(key) for record in history)
 
+    mechanism_keys = [key for key in (history[0] if history else {}) if key.startswith("mechanism/")]
     return {
-        "method": method, "setting": setting, "seed": seed, "folder": str(folder),
-        "heldout": [{key: evaluation[key] for key in ("step", "eval/accuracy", "eval/accuracy_ci_low",
-                                                      "eval/accuracy_ci_high", "eval/format_rate", "correct")}
-                    for evaluation in heldout],
+        "task": task, "setting": setting, "seed": seed, "method": method, "folder": str(folder),
+        "heldout": [{key: value for key, value in evaluation.items()
+                     if key in ("step", "correct") or key.startswith("eval/accuracy")} for evaluation in heldout],
         "difference": None if difference is None else vars(difference),
         "rewarded_rollouts": mean_of("reward/above_penalty_rate"),
         "spliced_rollouts": mean_of("retrieval/rollouts_with_retrieval"),
+        "hybrid_splice_rate": mean_of("retrieval/hybrid_splice_rate"),
+        "skipped_splices": sum(record.get("retrieval/skipped_splices", 0.0) for record in history),
         "updates": sum(1 for record in history if not record.get("optim/skipped_zero_advantage")),
-        "reward_mean": mean_of("reward/mean") if history else float("nan"),
-        # generation and tool time overlap inside the rollout phase
-        "seconds": sum(profile.values()) - profile.get("generate", 0) - profile.get("tools", 0),
+        "train_reward": mean_of("reward/mean"),
+        "rollout_s_per_step": mean_of("time/rollout_s"),
+        "update_s_per_step": mean_of("time/update_s"),
+        "mechanism": {key.removeprefix("mechanism/"): mean_of(key) for key in mechanism_keys},
+        "seconds": done["seconds"], "load_average": done["load_average"],
     }
 
 
@@ -97,15 +168,29 @@ def mean_and_interval(values: list[float]) -> tuple[float, float]:
     return statistics.fmean(values), t_975 * statistics.stdev(values) / math.sqrt(len(values))
 
 
-def rapo_against_grpo(runs: list[dict]) -> list[dict]:
-    """RAPO's final held-out accuracy minus GRPO's, paired over the same questions, for each seed and setting."""
+def against(runs: list[dict], method: str, baseline: str) -> list[dict]:
+    """``method`` minus ``baseline`` after RL, per task and setting: paired over the same questions per seed, and
+    pooled over seeds (the question-seed pairs concatenated)."""
     from rapo_agents.heldout import paired_difference
 
-    final = {(run["method"], run["setting"], run["seed"]): run["heldout"][-1]["correct"] for run in runs
-             if run["heldout"]}
-    return [{"setting": setting, "seed": seed, **vars(paired_difference(grpo, final[("RAPO", setting, seed)]))}
-            for (method, setting, seed), grpo in final.items()
-            if method == "GRPO" and ("RAPO", setting, seed) in final]
+    final = {(r["task"], r["setting"], r["seed"], r["method"]): r["heldout"][-1]["correct"] for r in runs
+             if r["heldout"]}
+    rows = []
+    for task, setting in dict.fromkeys((r["task"], r["setting"]) for r in runs):
+        seeds = sorted(seed for (t, s, seed, m) in final if (t, s, m) == (task, setting, method)
+                       and (task, setting, seed, baseline) in final)
+        if not seeds:
+            continue
+        per_seed = {seed: vars(paired_difference(final[(task, setting, seed, baseline)],
+                                                 final[(task, setting, seed, method)])) for seed in seeds}
+        pooled = paired_difference(
+            [c for seed in seeds for c in final[(task, setting, seed, baseline)]],
+            [c for seed in seeds for c in final[(task, setting, seed, method)]])
+        rows.append({"task": task, "setting": setting, "comparison": f"{method} - {baseline}", "seeds": len(seeds),
+                     "pairs": sum(len(final[(task, setting, seed, method)]) for seed in seeds),
+                     "pooled": pooled.mean, "CI low": pooled.low, "CI high": pooled.high,
+                     "per seed": " ".join(f"{per_seed[s]['mean']:+.2f}" for s in seeds), "per_seed": per_seed})
+    return rows
 
 
 def plot(runs: list[dict], path: Path, title: str) -> Path:
@@ -114,110 +199,146 @@ def plot(runs: list[dict], path: Path, title: str) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    settings = list(dict.fromkeys(run["setting"] for run in runs))
-    figure, axes = plt.subplots(1, len(settings), figsize=(5.2 * len(settings), 3.6), squeeze=False)
-    for axis, setting in zip(axes.flat, settings, strict=True):
+    panels = list(dict.fromkeys((run["task"], run["setting"]) for run in runs))
+    figure, axes = plt.subplots(1, len(panels), figsize=(4.8 * len(panels), 3.8), squeeze=False,
+                                layout="constrained")
+    for axis, (task, setting) in zip(axes.flat, panels, strict=True):
         for method in METHODS:
-            chosen = [run for run in runs if run["setting"] == setting and run["method"] == method]
+            chosen = [r for r in runs if (r["task"], r["setting"], r["method"]) == (task, setting, method)]
             if not chosen:
                 continue
             steps = sorted({point["step"] for run in chosen for point in run["heldout"]})
-            means, halves = [], []
-            for step in steps:
-                values = [p["eval/accuracy"] for run in chosen for p in run["heldout"] if p["step"] == step]
-                mean, half = mean_and_interval(values)
-                means.append(mean)
-                halves.append(half)
-            line, = axis.plot(steps, means, marker="o", label=f"{method} ({len(chosen)} seeds)")
-            axis.fill_between(steps, [m - h for m, h in zip(means, halves, strict=True)],
-                              [m + h for m, h in zip(means, halves, strict=True)], color=line.get_color(), alpha=0.2)
-        axis.set_title(f"{setting}: held-out accuracy (step 0 = warm-up only)", fontsize=9)
-        axis.set_xlabel("RL step")
+            stats = [mean_and_interval([p["eval/accuracy"] for run in chosen for p in run["heldout"]
+                                        if p["step"] == step]) for step in steps]
+            means = [mean for mean, _ in stats]
+            halves = [half for _, half in stats]
+            axis.errorbar(steps, means, yerr=halves, marker="o", capsize=3, label=f"{method} ({len(chosen)} seeds)")
+        axis.set_title(f"{task}, {setting}", fontsize=9)
+        axis.set_xlabel("RL step (0 = shared start)")
+        axis.set_ylabel("held-out accuracy")
         axis.set_ylim(-0.02, 1.02)
         axis.grid(alpha=0.3)
-        axis.legend(fontsize=8)
+        axis.legend(fontsize=7)
     figure.suptitle(title, fontsize=10)
-    figure.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=110)
     plt.close(figure)
     return path
 
 
+def planned_runs(args: argparse.Namespace) -> list[tuple[str, str, int, str]]:
+    """(task, setting, seed, method) of every run, interleaved by seed so that load changes spread over all."""
+    runs = []
+    for seed in sorted(set(args.seeds) | set(args.ablation_seeds) | set(args.no_warmup_seeds)):
+        for task in args.tasks:
+            for setting in args.settings:
+                seeds = args.seeds if setting == "warm-up" else args.no_warmup_seeds
+                for method in args.methods:
+                    if method in ABLATIONS:
+                        wanted = setting == "warm-up" and task in args.ablation_tasks and seed in args.ablation_seeds
+                    else:
+                        wanted = seed in seeds
+                    if wanted:
+                        runs.append((task, setting, seed, method))
+    return runs
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="1 seed, 2 steps, 20 held-out questions")
-    parser.add_argument("--seeds", type=int, nargs="+", default=None, help="default: 0 1 2 (0 with --quick)")
-    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
-    parser.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=list(SETTINGS))
+    parser.add_argument("--quick", action="store_true", help="QA, 1 seed, GRPO and RAPO, 2 steps, 20 questions")
+    parser.add_argument("--tasks", nargs="+", default=None, choices=list(TASKS))
+    parser.add_argument("--methods", nargs="+", default=None, choices=list(METHODS))
+    parser.add_argument("--settings", nargs="+", default=None, choices=list(SETTINGS))
+    parser.add_argument("--seeds", type=int, nargs="+", default=None, help="seeds of GRPO and RAPO with the warm-up")
+    parser.add_argument("--ablation-seeds", type=int, nargs="*", default=None)
+    parser.add_argument("--ablation-tasks", nargs="*", default=None, choices=list(TASKS))
+    parser.add_argument("--no-warmup-seeds", type=int, nargs="*", default=None)
     parser.add_argument("--set", nargs="*", default=[], metavar="key=value", help="overrides for every run")
     parser.add_argument("--output", default="runs/learning", help="where the run folders go")
     parser.add_argument("--report-only", action="store_true",
                         help="tabulate the finished run folders under --output again, without training")
     args = parser.parse_args()
-    seeds = args.seeds if args.seeds is not None else ([0] if args.quick else [0, 1, 2])
+    if args.quick:
+        defaults = {"tasks": ["qa"], "methods": ["GRPO", "RAPO"], "settings": ["warm-up"], "seeds": [0],
+                    "ablation_seeds": [], "ablation_tasks": [], "no_warmup_seeds": []}
+    else:
+        defaults = {**PLAN, "methods": list(METHODS), "settings": list(SETTINGS)}
+    for key, value in defaults.items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
     overrides = (QUICK if args.quick else []) + list(args.set)
-    loads = []  # the 1-minute load average at the end of each run: the machine is shared
+    root = Path(args.output) / ("quick" if args.quick else "full")
 
+    started = time.time()
     runs = []
-    # Interleaved: every seed runs each method and setting before the next seed starts, so that a change of
-    # machine load spreads over all of them instead of one.
-    for seed in seeds:
-        for setting in args.settings:
-            for method in args.methods:
-                folder = run_folder(Path(args.output), method, setting, seed)
-                if not args.report_only:
-                    print(f"== {method}, {setting}, seed {seed}")
-                    train_one(method, setting, seed, overrides, folder)
-                    loads.append(os.getloadavg()[0])
-                elif not (folder / "profile.json").is_file():
-                    raise SystemExit(f"--report-only: {folder} holds no finished run; train it first")
-                runs.append(summarize(method, setting, seed, folder))
+    for task, setting, seed, method in planned_runs(args):
+        folder = run_folder(root, task, setting, seed, method)
+        if not args.report_only:
+            folder = train_method(task, setting, seed, method, overrides, root)
+        if (folder / DONE).is_file():
+            runs.append(summarize(task, setting, seed, method, folder))
+        else:
+            print(f"not finished, left out of the tables: {folder}")
 
     rows = []
-    for setting in args.settings:
-        # The methods of a seed share the warm-up, so one method's step-0 evaluations are the floor, one per seed.
-        floor = [run["heldout"][0]["eval/accuracy"] for run in runs if run["setting"] == setting
-                 and run["method"] == args.methods[0] and run["heldout"] and run["heldout"][0]["step"] == 0]
-        if floor and setting == "warm-up":
-            mean, half = mean_and_interval(floor)
-            rows.append({"setting": setting, "method": "warm-up only", "seeds": len(floor),
-                         "accuracy before": mean, "accuracy after": mean, "± across seeds": half})
-        for method in args.methods:
-            chosen = [run for run in runs if run["setting"] == setting and run["method"] == method]
-            before = [run["heldout"][0]["eval/accuracy"] for run in chosen if run["heldout"]]
-            after = [run["heldout"][-1]["eval/accuracy"] for run in chosen if run["heldout"]]
-            deltas = [run["difference"]["mean"] for run in chosen if run["difference"]]
-            mean_after, half = mean_and_interval(after)
+    for task, setting in dict.fromkeys((r["task"], r["setting"]) for r in runs):
+        for method in METHODS:
+            chosen = [r for r in runs if (r["task"], r["setting"], r["method"]) == (task, setting, method)]
+            if not chosen:
+                continue
+            after, half = mean_and_interval([r["heldout"][-1]["eval/accuracy"] for r in chosen])
             rows.append({
-                "setting": setting, "method": method, "seeds": len(chosen),
-                "accuracy before": statistics.fmean(before) if before else float("nan"),
-                "accuracy after": mean_after, "± across seeds": half,
-                "difference": statistics.fmean(deltas) if deltas else float("nan"),
-                "seeds with CI > 0": sum(1 for run in chosen if run["difference"] and run["difference"]["low"] > 0),
-                "rollouts with reward > -1": statistics.fmean(run["rewarded_rollouts"] for run in chosen),
-                "rollouts spliced": statistics.fmean(run["spliced_rollouts"] for run in chosen),
-                "updates": statistics.fmean(run["updates"] for run in chosen),
-                "train reward": statistics.fmean(run["reward_mean"] for run in chosen),
-                "seconds / run": statistics.fmean(run["seconds"] for run in chosen),
+                "task": task, "setting": setting, "method": method, "seeds": len(chosen),
+                "before": nanmean(r["heldout"][0]["eval/accuracy"] for r in chosen), "after": after, "±": half,
+                "gain": nanmean(r["difference"]["mean"] for r in chosen if r["difference"]),
+                "seeds CI>0": sum(1 for r in chosen if r["difference"] and r["difference"]["low"] > 0),
+                "hybrid spliced": nanmean(r["hybrid_splice_rate"] for r in chosen),
+                "skipped splices": nanmean(r["skipped_splices"] for r in chosen),
+                "reward > -1": nanmean(r["rewarded_rollouts"] for r in chosen),
+                "updates": nanmean(r["updates"] for r in chosen),
+                "rollout s/step": nanmean(r["rollout_s_per_step"] for r in chosen),
+                "update s/step": nanmean(r["update_s_per_step"] for r in chosen),
+                "s/run": nanmean(r["seconds"] for r in chosen),
             })
-    head_to_head = rapo_against_grpo(runs)
+    comparisons = [row for method in ("RAPO", *ABLATIONS) for row in against(runs, method, "GRPO")]
+    comparisons += [row for method in ABLATIONS for row in against(runs, "RAPO", method)]
+    mechanism = [{"task": r["task"], "setting": r["setting"], "method": r["method"], "seed": r["seed"],
+                  "hybrid spliced": r["hybrid_splice_rate"], **r["mechanism"]}
+                 for r in runs if r["method"] != "GRPO"]
     name = "learning_quick" if args.quick else "learning"
-    picture = plot(runs, RESULTS_DIR / f"{name}.png", f"RAPO vs GRPO, held-out accuracy, seeds {seeds}")
-    columns = ["setting", "method", "seeds", "accuracy before", "accuracy after", "± across seeds", "difference",
-               "seeds with CI > 0", "rollouts with reward > -1", "rollouts spliced", "updates", "train reward",
-               "seconds / run"]
-    report(name, "held-out accuracy (greedy): warm-up only, RAPO and GRPO, same budget", columns, rows,
-           extra={"overrides": overrides, "seeds": seeds, "runs": runs, "rapo_minus_grpo": head_to_head,
-                  "plot": str(picture),
-                  "load_average_per_run": loads,  # empty when the runs are only re-tabulated
-                  "reported_from_existing_runs": args.report_only})
+    picture = plot(runs, RESULTS_DIR / f"{name}.png", "held-out accuracy (greedy), mean and 95% t-interval over seeds")
+    loads = [r["load_average"] for r in runs]
+    report(name, "held-out accuracy after RL, from one shared start per (task, setting, seed)",
+           ["task", "setting", "method", "seeds", "before", "after", "±", "gain", "seeds CI>0", "hybrid spliced",
+            "skipped splices", "reward > -1", "updates", "rollout s/step", "update s/step", "s/run"], rows,
+           extra={"overrides": overrides, "plan": {key: getattr(args, key) for key in defaults}, "runs": runs,
+                  "comparisons": comparisons, "mechanism": mechanism, "plot": str(picture),
+                  "wall_seconds_this_invocation": time.time() - started, "load_average_per_run": loads,
+                  "cpu_count": os.cpu_count(), "reported_from_existing_runs": args.report_only})
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(width=200)
+    table = Table(title="paired differences after RL (pooled over seeds: percentile bootstrap over question pairs)")
+    for column in ("task", "setting", "comparison", "seeds", "pairs", "pooled", "CI low", "CI high", "per seed"):
+        table.add_column(column)
+    for row in comparisons:
+        table.add_row(*(f"{row[c]:+.3f}" if isinstance(row[c], float) else str(row[c]) for c in
+                        ("task", "setting", "comparison", "seeds", "pairs", "pooled", "CI low", "CI high",
+                         "per seed")))
+    console.print(table)
+    if mechanism:
+        keys = [key for key in mechanism[0] if key not in ("task", "setting", "method", "seed")]
+        table = Table(title="mechanism, per RAPO run (means over its steps)")
+        for column in ("task", "setting", "method", "seed", *keys):
+            table.add_column(column.replace("_", " "))
+        for row in mechanism:
+            table.add_row(*(f"{row[c]:.3g}" if isinstance(row[c], float) else str(row[c])
+                            for c in ("task", "setting", "method", "seed", *keys)))
+        console.print(table)
     if loads:
         print(f"load average (1 min) at the end of each run: median {statistics.median(loads):.2f} "
               f"(min {min(loads):.2f}, max {max(loads):.2f}) on {os.cpu_count()} cores")
-    for comparison in head_to_head:
-        print(f"RAPO - GRPO after RL, {comparison['setting']}, seed {comparison['seed']}: {comparison['mean']:+.2f} "
-              f"[{comparison['low']:+.2f}, {comparison['high']:+.2f}] (paired over the same questions)")
     print(f"curves: {picture}")
 
 

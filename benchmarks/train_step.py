@@ -105,6 +105,7 @@ def make_batch(sequences: int, prompt_tokens: int, response_tokens: int, vocab: 
         input_ids=input_ids * attention, attention_mask=attention, loss_mask=loss_mask,
         old_logprobs=torch.zeros(sequences, width), advantages=advantages, f_ret=torch.zeros(sequences),
         rewards=rewards, z_ret=torch.zeros(sequences), retrievals=torch.zeros(sequences, dtype=torch.long),
+        entropy_pre=torch.full((sequences,), torch.nan), entropy_post=torch.full((sequences,), torch.nan),
         prompt_lengths=torch.full((sequences,), prompt_tokens),
     )
 

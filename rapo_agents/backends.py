@@ -22,7 +22,7 @@ import functools
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from rapo_agents.config import TrainConfig
+from rapo_agents.config import ConfigError, TrainConfig
 from rapo_agents.rollout import RolloutEngine
 
 
@@ -148,18 +148,59 @@ def make_backend(config: TrainConfig, model: Any, tokenizer: Any) -> LocalBacken
     return BACKENDS[config.rollout.backend](config, model, tokenizer)
 
 
+def default_buffer_config(config: TrainConfig):
+    """The embedded default buffer of the task family ``config`` trains on: the expert solves the very training
+    questions the policy trains on, as the paper's buffer does. None when no embedded expert plays them.
+
+    Example:
+        >>> from rapo_agents.config import load_config
+        >>> default_buffer_config(load_config("configs/qa.yaml", [])).task
+        'qa'
+    """
+    from rapo_agents.buffer_build.defaults import DefaultBufferConfig
+
+    data = config.data
+    common = {"max_tool_calls": config.rollout.max_tool_calls, "index_kind": "flat",
+              "encoder": config.algorithm.fidelity}
+    if data.source == "procedural_math":
+        return DefaultBufferConfig(num_tasks=data.num_tasks, difficulty=data.difficulty, **common)
+    if data.source == "procedural_kb":
+        knowledge_base = data.env_kwargs.get("knowledge_base") or {}
+        topk = (data.env_kwargs.get("search") or {}).get("topk", 3)
+        return DefaultBufferConfig(task="qa", num_tasks=data.max_tasks or 100_000,
+                                   knowledge_base=tuple(sorted(knowledge_base.items())), search_topk=topk, **common)
+    return None
+
+
 def retriever_factory(config: TrainConfig) -> Callable[[], Any]:
-    """A picklable factory of the step-trace retriever ``config.retrieval.retriever`` names."""
+    """A picklable factory of the step-trace retriever ``config.retrieval.retriever`` names (drawing at random
+    from it with ``retrieval.random``).
+
+    Raises:
+        ConfigError: ``default`` for training questions that no embedded expert plays.
+    """
+    factory = nearest_retriever_factory(config)
+    if config.retrieval.random:
+        from rapo_buffers.retriever import RandomRetriever
+
+        return functools.partial(RandomRetriever.over, factory, config.seed)
+    return factory
+
+
+def nearest_retriever_factory(config: TrainConfig) -> Callable[[], Any]:
+    """A picklable factory of the retriever ``config.retrieval.retriever`` names (nearest keys first)."""
     from rapo_agents.buffer_build.defaults import resolve_retriever
 
     spec = config.retrieval.retriever
-    if spec == "default" and config.data.source == "procedural_math":
-        # The expert solves the very questions the policy trains on, as the paper's buffer does.
-        from rapo_agents.buffer_build.defaults import DefaultBufferConfig, default_retriever
+    if spec == "default":
+        from rapo_agents.buffer_build.defaults import default_retriever
 
-        buffer = DefaultBufferConfig(num_tasks=config.data.num_tasks, difficulty=config.data.difficulty,
-                                     max_tool_calls=config.rollout.max_tool_calls, index_kind="flat",
-                                     encoder=config.algorithm.fidelity)
+        buffer = default_buffer_config(config)
+        if buffer is None:
+            raise ConfigError(
+                f"retrieval.retriever=default has an embedded buffer only for procedural math and the generated "
+                f"knowledge base (data.source=procedural_kb), not for data.source={config.data.source!r}"
+                f"; give a buffer JSONL (rapo buffer build) or a /retrieve service URL")
         return functools.partial(default_retriever, buffer, show_progress=config.logging.progress)
     if spec.endswith(".jsonl"):
         from rapo_buffers.retriever import InProcessRetriever

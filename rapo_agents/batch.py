@@ -57,6 +57,10 @@ class TrainBatch:
     """``[B]`` retrieval rewards ``Z_ret``."""
     retrievals: torch.Tensor
     """``[B]`` number of splices in each rollout."""
+    entropy_pre: torch.Tensor
+    """``[B]`` mean ``H_pre`` (the step entropy before a splice) over the rollout's scored splices; NaN for none."""
+    entropy_post: torch.Tensor
+    """``[B]`` mean ``H_post`` (the first policy step's entropy after a splice) over the same; NaN for none."""
     prompt_lengths: torch.Tensor
     """``[B]`` tokens of each prompt."""
 
@@ -99,6 +103,8 @@ def build_batch(
     known = tensors["step_mask"] & ~torch.isnan(entropies)
     h_pre, h_post, valid = retrieval_entropy_pairs(entropies.nan_to_num(0.0), known, tensors["step_retrieved"])
     z_ret = retrieval_reward(h_pre, h_post, valid, config.eps)
+    scored = valid.sum(-1)
+    entropy_pre, entropy_post = ((h * valid).sum(-1) / scored.clamp(min=1) for h in (h_pre, h_post))
     attention = tensors["attention_mask"]
     positions = torch.arange(attention.shape[1])[None, :]
     response_mask = (attention > 0) & (positions >= tensors["prompt_lengths"][:, None])
@@ -114,5 +120,7 @@ def build_batch(
         rewards=rewards,
         z_ret=z_ret,
         retrievals=tensors["step_retrieved"].sum(-1),
+        entropy_pre=entropy_pre.where(scored > 0, torch.nan),
+        entropy_post=entropy_post.where(scored > 0, torch.nan),
         prompt_lengths=tensors["prompt_lengths"],
     )

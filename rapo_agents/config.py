@@ -72,7 +72,8 @@ class DataConfig:
     """Where the training questions come from."""
 
     source: str = "procedural_math"
-    """``procedural_math`` (generated, no files needed) or the path of a JSONL/JSON/parquet task file."""
+    """``procedural_math`` (generated math, no files needed), ``procedural_kb`` (the generated multi-hop knowledge
+    base of ``RAPO-QA-v0``), ``hf:<name>`` or the path of a JSONL/JSON/parquet task file."""
     num_tasks: int = 128
     """Number of procedural problems: the first ones of the ``train`` split (ignored for files)."""
     difficulty: int | None = 1
@@ -84,7 +85,7 @@ class DataConfig:
     env_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
     """Extra keyword arguments of ``gym.make(env_id, ...)`` (reward, sandbox, search service URL, ...)."""
     system_prompt: str | None = "short"
-    """System prompt of ``RAPO-Math-v0`` when ``env_kwargs`` sets none: ``short`` (the protocol in three sentences,
+    """System prompt of ``RAPO-Math-v0`` and ``RAPO-QA-v0`` when ``env_kwargs`` sets none: ``short`` (the protocol in three sentences,
     about 55 tokens: every prompt token is paid for in every CPU update) or None (the env's full prompt). Other
     envs ignore it."""
     shuffle: bool = True
@@ -136,6 +137,9 @@ class RetrievalConfig:
     """When a hybrid rollout may retrieve: ``any_round`` (the reference's: after every round the episode goes on
     from, tool call or not, so a model that never calls a tool still sees expert steps) or ``tool_round``
     (only after a round that ran a tool)."""
+    random: bool = False
+    """Splice step traces drawn uniformly at random from the buffer instead of the nearest ones (the paper's
+    random-retrieval ablation; needs an in-process buffer: ``default`` or a buffer JSONL)."""
 
 
 @dataclasses.dataclass
@@ -178,7 +182,8 @@ class WarmupConfig:
     """
 
     sft_steps: int = 8
-    """Optimiser steps of the warm-up (0: off). Needs ``data.source: procedural_math`` (the expert's tasks)."""
+    """Optimiser steps of the warm-up (0: off). Needs questions a scripted expert plays (procedural math or the
+    generated knowledge base: `rapo_agents.scripted.scripted_expert`)."""
     sft_batch_size: int = 4
     """Expert episodes per warm-up optimiser step."""
     sft_lr: float = 3e-4
@@ -275,10 +280,14 @@ class TrainConfig:
         if warmup.sft_steps < 0 or warmup.sft_batch_size < 1 or warmup.num_expert_episodes < 1:
             raise ConfigError("warmup needs sft_steps >= 0, sft_batch_size >= 1 and num_expert_episodes >= 1, "
                               f"got {warmup}")
-        if warmup.sft_steps and self.data.source != "procedural_math":
-            check_data_source(self.data.source)  # a missing file is the first thing to say
-            raise ConfigError("the warm-up clones the scripted expert, which solves only procedural math: "
-                              "set warmup.sft_steps=0 for data.source=" + self.data.source)
+        source = self.data.source
+        if source in GENERATED_SOURCES and GENERATED_SOURCES[source] != self.data.env_id:
+            raise ConfigError(f"data.source={source} is a question set of {GENERATED_SOURCES[source]}; set "
+                              f"data.env_id={GENERATED_SOURCES[source]} (got {self.data.env_id})")
+        if warmup.sft_steps and source not in GENERATED_SOURCES:
+            check_data_source(source)  # a missing file is the first thing to say
+            raise ConfigError("the warm-up clones a scripted expert, which solves only the generated questions "
+                              f"({', '.join(GENERATED_SOURCES)}): set warmup.sft_steps=0 for data.source={source}")
         rollout = self.rollout
         if self.ray.num_workers < 1 or self.ray.policy_placement not in ("workers", "actor"):
             raise ConfigError(f"ray needs num_workers >= 1 and policy_placement workers or actor, got {self.ray}")
@@ -454,12 +463,17 @@ CHOICES: dict[str, tuple[str, ...]] = {
 """Allowed values of string settings that `TrainConfig` does not check itself (``cuda:N`` is a ``cuda``)."""
 
 
+GENERATED_SOURCES = {"procedural_math": "RAPO-Math-v0", "procedural_kb": "RAPO-QA-v0"}
+"""The generated question sets (``data.source``) a scripted expert plays, and the env each belongs to."""
+
+
 def check_data_source(source: str) -> None:
-    """``data.source`` is ``procedural_math``, ``hf:<name>`` or an existing task file, else `ConfigError`."""
-    if source == "procedural_math" or source.startswith("hf:") or Path(source).expanduser().is_file():
+    """``data.source`` is a `GENERATED_SOURCES` name, ``hf:<name>`` or an existing task file, else `ConfigError`."""
+    if source in GENERATED_SOURCES or source.startswith("hf:") or Path(source).expanduser().is_file():
         return
     raise ConfigError(f"data.source: no task file at {source}; give an existing JSONL/JSON/parquet file, "
-                      "hf:<name>, or procedural_math (the generated default)")
+                      "hf:<name>, procedural_math (generated math, the default) or procedural_kb (the generated "
+                      "knowledge base, with data.env_id=RAPO-QA-v0)")
 
 
 def _setting(config: TrainConfig, path: str) -> Any:

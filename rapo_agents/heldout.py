@@ -139,12 +139,32 @@ def heldout_metrics(trajectories: Sequence[Trajectory], correct: Sequence[float]
     }
 
 
+def accuracy_by_hops(tasks: Sequence[Any], correct: Sequence[float]) -> dict[str, float]:
+    """``eval/accuracy_hops{n}`` for each hop count of multi-hop questions (tasks with ``metadata["hops"]``);
+    empty for other tasks.
+
+    Example:
+        >>> from rapo_env.tasks.base import Task
+        >>> tasks = [Task(id=str(i), question="?", answers=("a",), source="kb", metadata={"hops": h})
+        ...          for i, h in enumerate([1, 2, 2])]
+        >>> accuracy_by_hops(tasks, [1.0, 0.0, 1.0])
+        {'eval/accuracy_hops1': 1.0, 'eval/accuracy_hops2': 0.5}
+    """
+    hops = [task.metadata.get("hops") for task in tasks]
+    if not hops or any(count is None for count in hops):
+        return {}
+    return {f"eval/accuracy_hops{count}": float(np.mean([c for c, h in zip(correct, hops, strict=True) if h == count]))
+            for count in sorted(set(hops))}
+
+
 def heldout_env_kwargs(env_kwargs: dict[str, Any], config: HeldoutConfig) -> dict[str, Any]:
     """The held-out env's ``gym.make`` keyword arguments: the training env's, with the held-out split and size
-    (procedural math) and ``config.heldout_env_kwargs`` on top."""
+    (procedural math, the knowledge base) and ``config.heldout_env_kwargs`` on top."""
     kwargs = dict(env_kwargs)
     if kwargs.get("dataset") == "procedural":
-        kwargs.update(split=config.split, num_tasks=config.heldout_tasks)
+        # Procedural math sizes its question set with num_tasks, the knowledge base with limit.
+        size = "num_tasks" if "num_tasks" in kwargs else "limit"
+        kwargs.update({"split": config.split, size: config.heldout_tasks})
     kwargs.update(config.heldout_env_kwargs)
     return kwargs
 
@@ -191,6 +211,7 @@ class HeldoutEvaluator:
         bar.close()
         correct = question_accuracy(trajectories)
         metrics = heldout_metrics(trajectories, correct, self.config, self.seed)
+        metrics.update(accuracy_by_hops(list(self.engine.tasks)[: self.num_tasks], correct))
         metrics["time/eval_s"] = time.perf_counter() - started
         return HeldoutResult(step=step, correct=correct, metrics=metrics)
 

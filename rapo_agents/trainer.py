@@ -42,13 +42,15 @@ import torch
 
 from rapo_agents.backends import make_backend
 from rapo_agents.batch import TrainBatch, build_batch
-from rapo_agents.checkpoint import CheckpointManager, GracefulInterrupt, load_weights, rng_state, set_rng_state
+from rapo_agents.checkpoint import CheckpointManager, load_weights, rng_state, set_rng_state
 from rapo_agents.config import TrainConfig
 from rapo_agents.heldout import Difference, HeldoutEvaluator, HeldoutResult, paired_difference
 from rapo_agents.metrics import MetricsLogger, plot_curves, read_metrics
 from rapo_agents.rollout import derive_seed, make_env_factory
+from rapo_agents.run_control import RunControl, RunFolderLock
 from rapo_agents.sampler import QuestionSampler
 from rapo_agents.update import UpdateSettings, needs_logprob_correction, ppo_update, recompute_logprobs
+from rapo_env.prompts import SHORT_PROMPTS
 from rapo_env.rewards.text import FORMAT_PENALTY
 from rapo_env.trajectory import Trajectory, write_jsonl
 
@@ -199,6 +201,8 @@ class RAPOTrainer:
         self.sampler = QuestionSampler(self.num_tasks, optim.train_batch_size, config.seed, config.data.shuffle)
         self.step = 0
         self.warmup_done = config.warmup.sft_steps == 0
+        self.warmup_steps_done = 0
+        self.control = RunControl()  # what a signal does in each phase; `train` installs it
         self.output_dir = Path(config.logging.output_dir)
         self.checkpoints = CheckpointManager(self.output_dir / "checkpoints", config.logging.keep_last)
         self.update_settings = UpdateSettings(
@@ -240,29 +244,36 @@ class RAPOTrainer:
         from rapo_agents.warmup import behaviour_cloning, expert_episodes
 
         config, rollout = self.config, self.config.rollout
-        env = self._env_factory()
+        env, episodes = self._env_factory(), None
         try:
-            episodes = expert_episodes(
-                env, config.warmup.num_expert_episodes, self.tokenizer, rollout.max_prompt_tokens,
-                rollout.max_response_tokens, rollout.max_turn_tokens, rollout.max_tool_calls,
-                show_progress=config.logging.progress)
+            with self.control.phase("warm-up episodes", abortable=True):
+                episodes = expert_episodes(
+                    env, config.warmup.num_expert_episodes, self.tokenizer, rollout.max_prompt_tokens,
+                    rollout.max_response_tokens, rollout.max_turn_tokens, rollout.max_tool_calls,
+                    show_progress=config.logging.progress)
         finally:
             env.close()
+        if episodes is None:  # a signal stopped the warm-up before its first step
+            return {}
+        steps = config.warmup.sft_steps - self.warmup_steps_done
+        print(f"warm-up: behaviour cloning, {steps} steps on {len(episodes)} expert episodes", flush=True)
         # The warm-up trains the whole model; ``model.trainable_layers`` restricts the RL updates only.
         trainable = [parameter.requires_grad for parameter in self.model.parameters()]
         self.model.requires_grad_(True)
         try:
-            result = behaviour_cloning(
-                self.model, episodes, self._pad_token_id(), steps=config.warmup.sft_steps,
-                batch_size=config.warmup.sft_batch_size, lr=config.warmup.sft_lr,
-                micro_batch_size=config.optim.micro_batch_size, grad_clip=config.optim.grad_clip, seed=config.seed,
-                autocast_dtype=self.autocast_dtype, show_progress=config.logging.progress)
+            with self.control.phase("warm-up"):  # a signal stops it after the current optimiser step
+                result = behaviour_cloning(
+                    self.model, episodes, self._pad_token_id(), steps=steps, batch_size=config.warmup.sft_batch_size,
+                    lr=config.warmup.sft_lr, micro_batch_size=config.optim.micro_batch_size,
+                    grad_clip=config.optim.grad_clip, seed=config.seed, autocast_dtype=self.autocast_dtype,
+                    show_progress=config.logging.progress, should_stop=lambda: self.control.requested)
         finally:
             for parameter, flag in zip(self.model.parameters(), trainable, strict=True):
                 parameter.requires_grad_(flag)
         self.sync_policy()
-        self.warmup_done = True
-        print(f"warm-up: {config.warmup.sft_steps} steps on {len(episodes)} expert episodes, action NLL "
+        self.warmup_steps_done += len(result.losses)
+        self.warmup_done = self.warmup_steps_done >= config.warmup.sft_steps
+        print(f"warm-up: {len(result.losses)} steps on {len(episodes)} expert episodes, action NLL "
               f"{result.loss_before:.3f} -> {result.loss_after:.3f} ({result.seconds:.0f} s)")
         return {"warmup/loss": result.loss_after, "warmup/loss_before": result.loss_before,
                 "warmup/episodes": float(len(episodes)), "time/warmup_s": result.seconds}
@@ -307,7 +318,8 @@ class RAPOTrainer:
         self.step += 1
         if config.logging.save_trajectories:
             write_jsonl(self.output_dir / "trajectories.jsonl", trajectories, append=True)
-        metrics = rollout_metrics(trajectories, batch)
+        hybrid_from = config.retrieval.no_retrieve_first_k if self.retriever is not None else None
+        metrics = rollout_metrics(trajectories, batch, hybrid_from)
         metrics.update(update_stats)
         metrics.update({
             "advantage/mean": float(batch.advantages.mean()),
@@ -345,6 +357,7 @@ class RAPOTrainer:
             "rng": rng_state(),
             "sampler": self.sampler.state_dict(),
             "trainer": {"step": self.step, "epoch": self.sampler.epoch, "warmup_done": self.warmup_done,
+                        "warmup_steps_done": self.warmup_steps_done,
                         "config": self.config.to_dict()},
         }
 
@@ -357,6 +370,7 @@ class RAPOTrainer:
         self.step = int(state["trainer"]["step"])
         # A checkpoint without the flag predates the warm-up: its weights are already past it.
         self.warmup_done = bool(state["trainer"].get("warmup_done", True))
+        self.warmup_steps_done = int(state["trainer"].get("warmup_steps_done", 0))
         self.sync_policy()
 
     def save_checkpoint(self) -> Path:
@@ -438,7 +452,12 @@ class RAPOTrainer:
         evaluator = self.heldout
         if evaluator is None:
             return None
-        result = evaluator.evaluate(self.step, show_progress=self.config.logging.progress)
+        print(f"held-out evaluation at step {self.step}: {evaluator.num_tasks} questions", flush=True)
+        result = None
+        with self.control.phase("evaluation", abortable=True):
+            result = evaluator.evaluate(self.step, show_progress=self.config.logging.progress)
+        if result is None:  # stopped by a signal
+            return None
         self._add_time("eval", result.metrics["time/eval_s"])
         metrics = result.metrics
         print(f"held-out accuracy at step {self.step}: {metrics['eval/accuracy']:.3f} "
@@ -466,8 +485,13 @@ class RAPOTrainer:
         The held-out split is evaluated before RL (right after the warm-up), every ``evaluation.eval_every``
         steps and at the end. A run folder whose newest checkpoint is already at ``total_steps`` is not trained
         again: the result says ``already_complete`` (start another run with a new ``logging.output_dir`` or with
-        ``logging.resume=false``).
+        ``logging.resume=false``). The run folder is locked meanwhile (`RunFolderLock`): a second run on it is
+        refused. One signal handler covers every phase (`RunControl`) and leaves a resumable checkpoint.
         """
+        with RunFolderLock(self.output_dir):
+            return self._train()
+
+    def _train(self) -> TrainResult:
         from tqdm import tqdm
 
         config = self.config
@@ -488,7 +512,8 @@ class RAPOTrainer:
             swanlab=logging_config.swanlab, project=logging_config.project, run_name=self.output_dir.name,
             config=config.to_dict(),
         ) as logger, MetricsLogger(self.output_dir / "eval", tensorboard=logging_config.tensorboard) as eval_logger, \
-                GracefulInterrupt() as interrupt:
+                RunControl() as interrupt:
+            self.control = interrupt
             for note in logger.notes:
                 print(note)
             if not self.warmup_done:
@@ -496,12 +521,15 @@ class RAPOTrainer:
                 warmup_metrics = self.warm_up()
                 self._add_time("warmup", time.perf_counter() - started)
                 logger.log(self.step, {**warmup_metrics, "time/prepare_s": self.profile["prepare"]})
-            if self.step == 0 and not heldout:
+                if self.warmup_done:  # the warm-up's result is kept whatever happens next
+                    checkpoint = self.save_checkpoint()
+            if self.step == 0 and not heldout and not interrupt.requested:
                 heldout.append(self.evaluate_heldout(eval_logger))
             progress = tqdm(total=self.total_steps, initial=self.step, desc="train", unit="step",
                             disable=not logging_config.progress)
             while self.step < self.total_steps and not interrupt.requested:
-                last = self.train_step()
+                with interrupt.phase("step"):
+                    last = self.train_step()
                 for phase, key in (("rollout", "time/rollout_s"), ("generate", "time/generate_s"),
                                    ("tools", "time/env_step_s"), ("update", "time/update_s"),
                                    ("sync", "time/sync_s")):
@@ -544,10 +572,12 @@ def training_env_kwargs(config: TrainConfig) -> dict[str, Any]:
     """``gym.make`` keyword arguments of ``config.data.env_id`` for the training questions."""
     data = config.data
     kwargs: dict[str, Any] = {"max_tool_calls": config.rollout.max_tool_calls}
-    if data.env_id == "RAPO-Math-v0" and data.system_prompt is not None:
+    if data.env_id in SHORT_PROMPTS and data.system_prompt is not None:
         kwargs["system_prompt"] = data.system_prompt
     if data.source == "procedural_math":
         kwargs.update(dataset="procedural", num_tasks=data.num_tasks, difficulty=data.difficulty)
+    elif data.source == "procedural_kb":
+        kwargs.update(dataset="procedural", limit=data.max_tasks)
     else:
         kwargs.update(dataset=data.source, limit=data.max_tasks)
     kwargs.update(data.env_kwargs)
@@ -567,8 +597,14 @@ def retrieval_wrapper(config: TrainConfig, retriever: Any) -> Callable[[gym.Env]
         retrieve_after=retrieval.retrieve_after, seed=config.seed)
 
 
-def rollout_metrics(trajectories: Sequence[Trajectory], batch: TrainBatch) -> dict[str, float]:
-    """Outcome and behaviour statistics of one step's rollouts."""
+def rollout_metrics(trajectories: Sequence[Trajectory], batch: TrainBatch,
+                    hybrid_from: int | None = None) -> dict[str, float]:
+    """Outcome and behaviour statistics of one step's rollouts.
+
+    ``hybrid_from`` is the first rollout index of a group that may retrieve (``no_retrieve_first_k``; None
+    without retrieval). The ``mechanism/*`` keys compare spliced rollouts with the others (the paper's Fig. 3-4):
+    reward, response tokens and tool calls of each, and the step entropy before and after a splice.
+    """
     rewards = batch.rewards.double()
     accuracy = torch.tensor([float(t.metrics.get("accuracy", t.metrics.get("em", 0.0))) for t in trajectories])
     format_ok = torch.tensor([float(t.metrics.get("format_ok", 0.0)) for t in trajectories])
@@ -581,7 +617,22 @@ def rollout_metrics(trajectories: Sequence[Trajectory], batch: TrainBatch) -> di
     def mean_where(values: torch.Tensor) -> float:
         return float(values[with_retrieval].double().mean()) if with_retrieval.any() else 0.0
 
-    return {
+    def mean_of(values: torch.Tensor, rows: torch.Tensor) -> float:
+        chosen = values[rows].double()
+        chosen = chosen[~chosen.isnan()]
+        return float(chosen.mean()) if len(chosen) else float("nan")
+
+    hybrid = torch.tensor([hybrid_from is not None and t.rollout_index >= hybrid_from for t in trajectories])
+    mechanism = {}
+    for name, rows in (("spliced", with_retrieval), ("unspliced", ~with_retrieval)):
+        mechanism.update({f"mechanism/{name}_reward": mean_of(rewards, rows),
+                          f"mechanism/{name}_response_tokens": mean_of(response_tokens, rows),
+                          f"mechanism/{name}_tool_calls": mean_of(tool_calls, rows)})
+    mechanism.update({"mechanism/entropy_before_splice": mean_of(batch.entropy_pre, with_retrieval),
+                      "mechanism/entropy_after_splice": mean_of(batch.entropy_post, with_retrieval),
+                      # Of the rollouts allowed to retrieve, the share that got at least one splice.
+                      "retrieval/hybrid_splice_rate": mean_of(with_retrieval.double(), hybrid)})
+    return {**mechanism,
         "reward/mean": float(rewards.mean()),
         "reward/std": float(rewards.std()) if len(rewards) > 1 else 0.0,
         # Rollouts whose reward is above the format penalty's floor: the only ones that can carry a gradient

@@ -2,7 +2,8 @@
 
 A 135M model never writes a tool tag or an ``<answer>`` by sampling, so every reward is the
 format penalty and every group advantage is 0: RL has nothing to learn from. A short warm-up on
-`ExpertAgent` episodes teaches the tag protocol; RL then starts from rewards that vary.
+scripted-expert episodes (`rapo_agents.scripted.scripted_expert`: python for math, search for
+knowledge questions) teaches the tag protocol; RL then starts from rewards that vary.
 
 The expert's text episodes are tokenized exactly as the rollout engine tokenizes a live episode
 (`EpisodeRecord`: chat template once, each action and each observation tokenized once), so the
@@ -30,7 +31,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import gymnasium as gym
@@ -39,7 +40,7 @@ import torch
 from rapo_agents.policies.base import Generation
 from rapo_agents.rollout.collate import collate_trajectories
 from rapo_agents.rollout.episode import EpisodeRecord
-from rapo_agents.scripted import ExpertAgent, run_text_episode
+from rapo_agents.scripted import run_text_episode, scripted_expert
 from rapo_agents.update import autocast_context, sequence_logprobs
 from rapo_env.trajectory import Trajectory
 
@@ -109,7 +110,8 @@ def expert_episodes(
     max_tool_calls: int = 3,
     show_progress: bool = False,
 ) -> list[Trajectory]:
-    """`ExpertAgent` episodes on the env's first ``num_episodes`` tasks, tokenized like rollouts.
+    """Scripted-expert episodes (`scripted_expert`) on the env's first ``num_episodes`` tasks, tokenized like
+    rollouts.
 
     Only correct episodes that fit the token budgets are kept.
 
@@ -119,7 +121,7 @@ def expert_episodes(
     from tqdm.auto import tqdm
 
     tasks = env.unwrapped.tasks
-    agent = ExpertAgent(tasks, max_tool_calls=max_tool_calls)
+    agent = scripted_expert(tasks, max_tool_calls=max_tool_calls)
     episodes = []
     for task_index in tqdm(range(min(num_episodes, len(tasks))), desc="expert episodes", unit="ep",
                            disable=not show_progress):
@@ -182,8 +184,12 @@ def behaviour_cloning(
     seed: int = 0,
     autocast_dtype: torch.dtype | None = None,
     show_progress: bool = True,
+    should_stop: Callable[[], bool] | None = None,
 ) -> WarmupResult:
     """Minimise the token-mean NLL of the expert's actions for ``steps`` AdamW steps of ``batch_size`` episodes.
+
+    ``should_stop`` is asked after every optimiser step; True ends the warm-up there (``losses`` then counts the
+    steps done), as a signal to ``rapo train`` does.
 
     Episodes are drawn in seeded shuffled passes; each step accumulates micro-batch gradients so its loss is
     the token mean over the whole batch. The optimiser is the warm-up's own (discarded afterwards).
@@ -220,6 +226,8 @@ def behaviour_cloning(
             optimizer.step()
         losses.append(step_loss)
         progress.set_postfix(loss=f"{step_loss:.3f}")
+        if should_stop is not None and should_stop():
+            break
     progress.close()
     optimizer.zero_grad(set_to_none=True)
     loss_after = mean_action_nll(model, probe, pad_token_id, micro_batch_size, autocast_dtype)

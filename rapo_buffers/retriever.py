@@ -121,3 +121,51 @@ class InProcessRetriever:
                 ]
             )
         return results
+
+
+class RandomRetriever:
+    """Step traces drawn uniformly at random from a buffer, whatever the query: the paper's random-retrieval
+    ablation (RAPO should stay ahead of GRPO even when the spliced step is unrelated to the rollout).
+
+    Scores are 0.0 (no similarity was computed); each query gets ``topk`` distinct traces.
+
+    Args:
+        traces: The buffer's records.
+        seed: Seed of the draws.
+
+    Example:
+        >>> from rapo_buffers.schema import StepTrace
+        >>> traces = [StepTrace(key=str(i), value=f"<python>{i}</python>", reward=1.0) for i in range(5)]
+        >>> [len(row) for row in RandomRetriever(traces, seed=0).retrieve(["a", "b"], topk=2)]
+        [2, 2]
+    """
+
+    def __init__(self, traces: Sequence[StepTrace], seed: int = 0):
+        import numpy as np
+
+        if not traces:
+            raise ValueError("random retrieval needs a buffer with at least one step trace")
+        self.traces = list(traces)
+        self._rng = np.random.default_rng(seed)
+
+    @classmethod
+    def over(cls, retriever_factory: Any, seed: int = 0) -> RandomRetriever:
+        """Random draws from the traces of the in-process retriever ``retriever_factory()`` builds (picklable
+        with a picklable factory).
+
+        Raises:
+            TypeError: when that retriever holds no traces in this process (a ``/retrieve`` service).
+        """
+        retriever = retriever_factory()
+        if not hasattr(retriever, "traces"):
+            raise TypeError(f"random retrieval needs an in-process buffer, not a {type(retriever).__name__}")
+        return cls(retriever.traces, seed)
+
+    def retrieve(self, queries: list[str], topk: int) -> list[list[Candidate]]:
+        """``topk`` random candidates (at most the buffer's size) for each query."""
+        if topk < 1:
+            raise ValueError(f"topk must be >= 1, got {topk}")
+        count = min(topk, len(self.traces))
+        return [[Candidate(value=trace.value, reward=trace.reward, score=0.0, is_final=trace.final)
+                 for trace in (self.traces[i] for i in self._rng.choice(len(self.traces), count, replace=False))]
+                for _ in queries]

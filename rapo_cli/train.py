@@ -85,6 +85,10 @@ def heldout_table(result):
 
     row("warm-up only", before)
     row(f"after RL (step {after.step})", after)
+    for key in sorted(key for key in after.metrics if key.startswith("eval/accuracy_hops")):
+        hops = key.removeprefix("eval/accuracy_hops")
+        table.add_row(f"  {hops}-hop questions", f"{before.metrics.get(key, float('nan')):.3f} -> "
+                                                 f"{after.metrics[key]:.3f}", "", "", "")
     difference = result.heldout_difference
     if difference is not None:
         verdict = "above 0" if difference.low > 0 else "includes 0" if difference.high >= 0 else "below 0"
@@ -133,8 +137,11 @@ def run(args: argparse.Namespace) -> int:
         print(yaml.safe_dump(config.to_dict(), sort_keys=False), end="")  # plain: no rich markup or wrapping
         return 0
 
+    from rapo_agents.run_control import RunFolderLock
     from rapo_agents.trainer import RAPOTrainer
 
+    # Refused in a second, before the model loads, when another run uses the folder; held until the process ends.
+    lock = RunFolderLock(config.logging.output_dir).__enter__()  # noqa: F841
     trainer = RAPOTrainer(config)
     mode = trainer.method
     console.print(f"{mode}: {trainer.total_steps} steps of {config.optim.train_batch_size} questions x "

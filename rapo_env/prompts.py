@@ -44,6 +44,17 @@ SHORT_MATH_PROMPT = (
 embedded CPU training run uses it, since every prompt token is paid for in every update."""
 
 
+SHORT_QA_PROMPT = (
+    "Answer the question. Think inside <think> </think>. Search inside <search> </search>, one name per search; "
+    "the passages come back inside <result> </result>. Give the final answer as <answer>\\boxed{answer}</answer>."
+)
+"""The QA env's protocol in three sentences (about 60 tokens against about 150): ``system_prompt="short"``, as
+`SHORT_MATH_PROMPT` is for math."""
+
+SHORT_PROMPTS = {"RAPO-Math-v0": SHORT_MATH_PROMPT, "RAPO-QA-v0": SHORT_QA_PROMPT}
+"""The envs that take ``system_prompt="short"``, and their short prompts."""
+
+
 REFERENCE_FALLBACK_TEXT = (
     " \n<think> Solve this problem carefully using own reasoning without tool calls. "
     "Think step by step and self-check before answering.</think>\n"

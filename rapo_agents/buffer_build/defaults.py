@@ -1,7 +1,8 @@
-"""The embedded default Step-Trace Buffer: the scripted expert over procedural math, built on first use and cached.
+"""The embedded default Step-Trace Buffers: a scripted expert over its task family, built on first use and cached.
 
-On a fresh machine nothing needs downloading: the first call plays the expert on the training
-problems (about 0.1 s per problem), cuts the trajectories into steps, embeds the keys with the
+One buffer per family (``DefaultBufferConfig.task``): the python expert over procedural math, or the search
+expert over the generated knowledge base. On a fresh machine nothing needs downloading: the first call plays
+the expert on the training questions (about 0.1 s per math problem, 0.04 s per QA question), cuts the trajectories into steps, embeds the keys with the
 embedded MiniLM and writes buffer + index under ``$RAPO_CACHE_DIR`` (default ``~/.cache/rapo``)
 in a folder named after the settings and a digest of the problems. Later calls, from any
 process, load the cached files. A file lock keeps concurrent first uses from building twice.
@@ -35,12 +36,13 @@ from rapo_buffers.index import ENCODINGS, build_step_index
 from rapo_buffers.retriever import InProcessRetriever
 from rapo_buffers.schema import write_buffer
 from rapo_agents.buffer_build.sources.scripted import ScriptedSourceConfig, scripted_expert_trajectories
+from rapo_env.tasks.knowledge_base import KnowledgeBase
 from rapo_env.tasks.procedural_math import SPLIT_SEEDS, ProceduralMath
 from rapo_tools.cache import rapo_cache_dir
 from rapo_tools.search.embedding import Embedder
 from rapo_tools.search.faiss_index import IndexConfig
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 """Bumped when the buffer layout or the key normalisation changes, so stale caches are rebuilt."""
 CORPUS_FILE, INDEX_FILE, STATS_FILE = "buffer.jsonl", "buffer.index", "build.json"
 
@@ -61,10 +63,13 @@ class DefaultBufferConfig(ScriptedSourceConfig):
     """How keys (and so queries) are embedded: ``paper`` or ``reference`` (`rapo_buffers.index.ENCODINGS`)."""
 
     def digest(self) -> str:
-        """A short hash of the settings and of the problems themselves (a changed generator changes it)."""
+        """A short hash of the settings and of the questions themselves (a changed generator changes it)."""
         if self.split not in SPLIT_SEEDS:
             raise ValueError(f"split must be one of {sorted(SPLIT_SEEDS)}, got {self.split!r}")
-        tasks = ProceduralMath(seed=SPLIT_SEEDS[self.split], num_tasks=self.num_tasks, difficulty=self.difficulty)
+        if self.task == "qa":
+            tasks = KnowledgeBase.generate(0, **dict(self.knowledge_base)).split(self.split)[: self.num_tasks]
+        else:
+            tasks = ProceduralMath(seed=SPLIT_SEEDS[self.split], num_tasks=self.num_tasks, difficulty=self.difficulty)
         settings = dataclasses.asdict(self)
         del settings["sandbox"]  # the backend that runs the expert's code does not change the traces
         content = hashlib.sha256(json.dumps([FORMAT_VERSION, settings]).encode())
@@ -76,7 +81,8 @@ class DefaultBufferConfig(ScriptedSourceConfig):
 def default_buffer_dir(config: DefaultBufferConfig | None = None) -> Path:
     """The cache folder of the buffer with these settings."""
     config = config or DefaultBufferConfig()
-    return rapo_cache_dir("step_traces") / f"scripted-{config.split}-{config.num_tasks}-{config.digest()}"
+    name = f"scripted-{config.task}-{config.split}-{config.num_tasks}-{config.digest()}"
+    return rapo_cache_dir("step_traces") / name
 
 
 def ensure_default_buffer(

@@ -36,7 +36,7 @@ from typing import Any, SupportsFloat
 from rapo_env.core import ToolEnv
 from rapo_env.envs.reward_spec import RewardSpec, resolve_reward
 from rapo_env.envs.shared import SHARED
-from rapo_env.prompts import TOOL_DESCRIPTIONS, build_system_prompt
+from rapo_env.prompts import SHORT_QA_PROMPT, TOOL_DESCRIPTIONS, build_system_prompt
 from rapo_env.rewards.qa import QA_REWARD_KINDS
 from rapo_env.tasks import Task, TaskList, resolve_tasks
 from rapo_env.tasks.hotpotqa import hotpotqa_passages, is_hotpotqa_file, load_hotpotqa
@@ -98,7 +98,8 @@ class QAEnv(ToolEnv):
         limit: Keep at most this many tasks.
         cache_dir: Where generated bases and indexes are kept (default ``$RAPO_CACHE_DIR`` or ``~/.cache/rapo``).
         embedder: A `rapo_tools.search.embedding.Embedder` to share (default: the embedded MiniLM).
-        system_prompt: Overrides the default prompt that explains the tags.
+        system_prompt: Overrides the default prompt that explains the tags; ``"short"`` is
+            `rapo_env.prompts.SHORT_QA_PROMPT` (about 60 tokens instead of about 150).
         **kwargs: Passed to `ToolEnv` (``max_tool_calls``, ``max_turns``, ``max_text_length``, ...).
 
     Raises:
@@ -165,7 +166,7 @@ class QAEnv(ToolEnv):
             tasks=tasks,
             tools=tool_list,
             reward=resolve_reward(reward, tags, QA_REWARD_KINDS, "RAPO-QA-v0"),
-            system_prompt=system_prompt
+            system_prompt=(SHORT_QA_PROMPT if system_prompt == "short" else system_prompt)
             or build_system_prompt({tag: TOOL_DESCRIPTIONS[tag] for tag in tags}, max_tool_calls),
             max_tool_calls=max_tool_calls,
             **kwargs,

@@ -201,6 +201,21 @@ _ATTRIBUTE_QUESTIONS: dict[tuple[str, str], str] = {
 }
 
 
+def relation_phrase(relation: str, subject: str) -> str:
+    """The noun phrase of ``relation`` applied to ``subject``, e.g. ``the founder of Brightwater Press``.
+
+    Raises:
+        KnowledgeBaseError: for a relation the generator does not use (attributes such as ``born`` have none).
+
+    Example:
+        >>> relation_phrase("founder", "Talo Press")
+        'the founder of Talo Press'
+    """
+    if relation not in _RELATIONS:
+        raise KnowledgeBaseError(f"unknown relation {relation!r}; relations are {sorted(_RELATIONS)}")
+    return _RELATIONS[relation][0].format(x=subject)
+
+
 def _unique_word(rng: random.Random, taken: set[str], syllables: tuple[int, int] = (2, 3)) -> str:
     while True:
         word = "".join(rng.choice(_ONSETS) + rng.choice(_VOWELS) for _ in range(rng.randint(*syllables))) + rng.choice(
@@ -436,7 +451,7 @@ class KnowledgeBase:
     ) -> Task:
         phrase = start.name
         for relation, _ in chain:
-            phrase = _RELATIONS[relation][0].format(x=phrase)
+            phrase = relation_phrase(relation, phrase)
         text = question.format(x=phrase)
         text = text[0].upper() + text[1:]
         path = [start] + [entity for _, entity in chain]
@@ -458,10 +473,20 @@ class KnowledgeBase:
         )
 
     def split(self, name: str) -> TaskList:
-        """The questions of one split (``train``, ``validation`` or ``test``)."""
+        """The questions of one split (``train``, ``validation`` or ``test``), hop counts interleaved.
+
+        The order is 1-hop, 2-hop, 3-hop, 1-hop, ... (while each lasts), so that the first N questions of a
+        split, which a warm-up clones and a held-out evaluation scores, mix every hop count.
+        """
         if name not in SPLITS:
             raise KnowledgeBaseError(f"split must be one of {sorted(SPLITS)}, got {name!r}")
-        return TaskList(f"{self.questions.name}-{name}", [t for t in self.questions if t.metadata["split"] == name])
+        rank: dict[int, int] = {}
+        keyed = []
+        for task in (t for t in self.questions if t.metadata["split"] == name):
+            hops = task.metadata["hops"]
+            rank[hops] = rank.get(hops, -1) + 1
+            keyed.append(((rank[hops], hops), task))
+        return TaskList(f"{self.questions.name}-{name}", [task for _, task in sorted(keyed, key=lambda kt: kt[0])])
 
     # ----- persistence ------------------------------------------------------------------------------------
 

@@ -33,6 +33,7 @@ def uneven_batch(model) -> TrainBatch:
         input_ids=torch.randint(1, 32, (rows, width), generator=torch.Generator().manual_seed(1)) * attention,
         attention_mask=attention, loss_mask=loss_mask, old_logprobs=torch.zeros(rows, width),
         advantages=torch.tensor(ADVANTAGES), f_ret=zeros, rewards=zeros, z_ret=zeros, retrievals=zeros,
+        entropy_pre=zeros.clone().fill_(torch.nan), entropy_post=zeros.clone().fill_(torch.nan),
         prompt_lengths=torch.full((rows,), PROMPT))
     # logp_old = logp_new: the ratio is 1, so each policy token's loss is -A and the weighting alone decides.
     batch.old_logprobs = recompute_logprobs(model, batch, UpdateSettings(mini_batch_rows=rows, micro_batch_size=rows))

@@ -12,8 +12,7 @@ from fastapi import FastAPI
 from gymnasium.utils.env_checker import check_env
 
 import rapo_env  # noqa: F401  (registers the envs)
-from rapo_agents.scripted import run_text_episode
-from rapo_agents.scripted_qa import ScriptedQAAgent
+from rapo_agents.scripted import SearchExpert, run_text_episode
 from rapo_env.envs.qa import QADatasetError, QAEnv, _hotpotqa_corpus
 from rapo_env.rewards.qa import QAReward
 from rapo_env.rewards.text import normalize_answer
@@ -101,7 +100,7 @@ def test_default_env_passes_the_gymnasium_checker(kb_options):
 def test_scripted_agent_solves_one_two_and_three_hop_questions(kb_options):
     env = gym.make("RAPO-QA-v0", **kb_options)
     tasks = env.unwrapped.tasks
-    agent = ScriptedQAAgent(tasks)
+    agent = SearchExpert(tasks)
     for hops in (1, 2, 3):
         indexes = [i for i, task in enumerate(tasks) if task.metadata["hops"] == hops][:3]
         assert indexes
@@ -148,7 +147,7 @@ def test_hotpotqa_with_context_over_the_real_index(shared_data, hotpotqa_index, 
     )
     tasks = env.tasks
     assert len(tasks) == 8 and tasks[0].metadata["supporting_titles"] == ["Alû", "Lilu (mythology)"]
-    agent = ScriptedQAAgent(tasks, max_searches=3)
+    agent = SearchExpert(tasks, max_tool_calls=3)
     rewards = [run_text_episode(env, agent, task_index=i).reward for i in range(len(tasks))]
     env.close()
     assert all(reward >= 0 for reward in rewards)  # the scripted agent always keeps the format

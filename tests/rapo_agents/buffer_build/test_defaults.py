@@ -38,3 +38,25 @@ def test_resolve_retriever_strings():
         resolve_retriever("ftp://nowhere")
     with pytest.raises(ValueError):
         DefaultBufferConfig(split="nonsense").digest()
+
+
+SMALL_KB = (("num_countries", 3), ("num_organizations", 6), ("num_people", 16), ("num_towns", 8), ("num_works", 10))
+
+
+def test_the_qa_buffer_builds_offline_from_the_search_experts_episodes(tmp_path, monkeypatch, embedder):
+    from rapo_env.tasks.knowledge_base import KnowledgeBase
+
+    monkeypatch.setenv("RAPO_CACHE_DIR", str(tmp_path))  # a fresh machine: nothing cached
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    config = DefaultBufferConfig(task="qa", num_tasks=9, knowledge_base=SMALL_KB, index_kind="flat")
+    corpus_path, _ = ensure_default_buffer(config, show_progress=False, embedder=embedder)
+    assert default_buffer_dir(config).name.startswith("scripted-qa-train-9-")
+    traces, _ = read_buffer(corpus_path)
+    training = KnowledgeBase.generate(0, **dict(SMALL_KB)).split("train")[:9]
+    assert {trace.question_id for trace in traces} == {task.id for task in training}
+    searches = [trace for trace in traces if "<search>" in trace.value]
+    assert searches and all(" <result>\nDoc 1 (Title: " in trace.value for trace in searches)
+    retriever = default_retriever(config, show_progress=False, embedder=embedder)
+    second_hop = next(trace for trace in searches if "Next I look up" in trace.value)
+    assert retriever.retrieve([second_hop.key], topk=1)[0][0].value == second_hop.value
+    assert default_buffer_dir(config) != default_buffer_dir(DefaultBufferConfig(num_tasks=9))
