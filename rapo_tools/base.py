@@ -24,6 +24,9 @@ from typing import ClassVar
 
 from rapo_tools.aio import on_portal, run_sync
 
+EMPTY_CALL = "empty_call"
+"""``ToolResult.error`` of an empty call by a reference-mode tool: the episode ends there, as in the reference."""
+
 
 @dataclasses.dataclass(frozen=True)
 class ToolResult:

@@ -22,14 +22,12 @@ from __future__ import annotations
 from typing import Any
 
 from rapo_tools.aio import run_sync
-from rapo_tools.base import BadToolInputError, Tool, ToolResult
+from rapo_tools.base import EMPTY_CALL, BadToolInputError, Tool, ToolResult
 from rapo_tools.sandbox import SandboxConfig, make_executor
 from rapo_tools.sandbox.repl import print_last_expression
 
 REFERENCE_ATTEMPTS = 3
 """Runs of one call in reference mode while its output is empty (the reference's ``retry_count``)."""
-EMPTY_CALL = "empty_call"
-"""``ToolResult.error`` of an empty call in reference mode: the episode ends there, as in the reference."""
 
 
 class PythonTool(Tool):

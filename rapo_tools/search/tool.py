@@ -29,10 +29,17 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from rapo_tools.aio import run_sync
-from rapo_tools.base import BadToolInputError, ServiceUnavailableError, Tool, ToolResult, ToolTimeoutError
+from rapo_tools.base import (
+    EMPTY_CALL,
+    BadToolInputError,
+    ServiceUnavailableError,
+    Tool,
+    ToolResult,
+    ToolTimeoutError,
+)
 from rapo_tools.http_client import RetryingClient
 from rapo_tools.search.batching import MicroBatcher
 from rapo_tools.search.service import per_query_topk
@@ -66,8 +73,14 @@ class SearchToolConfig:
     """Service backend: the search endpoint's path."""
     max_batch_size: int = 64
     """In-process backend: most queries per micro-batch."""
+    output: Literal["paper", "reference"] = "paper"
+    """``reference``: the reference's ``WikiSearchTool`` byte for byte (`format_hits_reference`: its
+    layout, no passage cap, ignoring ``doc_template``/``separator``/``max_doc_chars``), and an empty
+    ``<search></search>`` ends the episode as in the reference's rollout (``error`` is `EMPTY_CALL`)."""
 
     def __post_init__(self) -> None:
+        if self.output not in ("paper", "reference"):
+            raise ValueError(f"SearchToolConfig.output must be 'paper' or 'reference', got {self.output!r}")
         if self.topk < 1:
             raise ValueError(f"SearchToolConfig.topk must be >= 1, got {self.topk}")
         if self.timeout_s <= 0:
@@ -163,6 +176,39 @@ def format_hits(hits: list[dict[str, Any]], config: SearchToolConfig) -> str:
     return config.separator.join(rendered)
 
 
+def _reference_contents(document: Any) -> str:
+    """The wiki-18 ``contents`` string (``"Title"\\ntext``) the reference's tool reads from a hit's document."""
+    if isinstance(document, str):
+        return document
+    if not isinstance(document, dict):
+        return str(document)
+    if "contents" in document:
+        return str(document["contents"])
+    return f'"{document.get("title", "")}"\n{document.get("text", "")}'
+
+
+def format_hits_reference(hits: list[dict[str, Any]]) -> str:
+    """The reference ``WikiSearchTool``'s text for one query's hits (``_passages2string``), byte for byte.
+
+    Each passage is ``Doc i (Title: <first line of contents>)`` then the rest of its contents and a
+    blank line, the whole stripped: the wiki-18 title keeps its quotes, and nothing is cut.
+
+    Example:
+        >>> print(format_hits_reference([{"document": '"Paris"\\nParis is the capital.'},
+        ...                              {"document": {"title": "Oslo", "text": "Oslo."}}]))
+        Doc 1 (Title: "Paris")
+        Paris is the capital.
+        <BLANKLINE>
+        Doc 2 (Title: "Oslo")
+        Oslo.
+    """
+    rendered = ""
+    for rank, hit in enumerate(hits, start=1):
+        title, _, text = _reference_contents(hit.get("document")).partition("\n")
+        rendered += f"Doc {rank} (Title: {title})\n{text}\n\n"
+    return rendered.strip()
+
+
 class SearchTool(Tool):
     """``<search> query </search>``: shows the top passages of a local knowledge index.
 
@@ -183,8 +229,11 @@ class SearchTool(Tool):
         self.backend: SearchBackend | None = backend
 
     async def _execute(self, argument: str) -> ToolResult:
-        query = " ".join(argument.split())
+        reference = self.config.output == "reference"
+        query = argument.strip() if reference else " ".join(argument.split())
         if not query:
+            if reference:  # the reference's rollout stops at an empty call
+                return ToolResult(text="", ok=False, error=EMPTY_CALL)
             raise BadToolInputError("the <search> block is empty; put a query between <search> and </search>")
         # Checked before the query joins a batch shared with other episodes' queries.
         problem = query_problem(query, self.config.max_query_chars)
@@ -193,7 +242,8 @@ class SearchTool(Tool):
         if self.backend is None:
             raise ServiceUnavailableError("the search tool is closed")
         hits = (await self.backend.search([query], self.config.topk))[0]
-        return ToolResult(text=format_hits(hits, self.config), ok=True)
+        text = format_hits_reference(hits) if reference else format_hits(hits, self.config)
+        return ToolResult(text=text, ok=True)
 
     def close(self) -> None:
         backend, self.backend = self.backend, None
