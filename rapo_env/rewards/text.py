@@ -39,6 +39,8 @@ _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _PUNCTUATION = set(string.punctuation)
 MULTI_TOOL_BONUS = 0.1
 FORMAT_PENALTY = -1.0
+REFERENCE_TOOL_TAGS = ("search", "python")
+"""The tool tags the reference's format check scans, whatever tools an env offers."""
 
 
 def normalize_answer(text: str) -> str:
@@ -189,10 +191,12 @@ def reference_reward(response: str, task: Task, tool_tags: Iterable[str] = TOOL_
     -1 for bad format (`reference_format_check`) or an answer the reference cannot unbox; else
     `reference_f1` of the boxed answer over the gold aliases, plus 0.1 when F1 > 0 and both
     ``</search>`` and ``</python>`` occur in the response (tool results included, as there).
+    The format check scans the reference's tags (`REFERENCE_TOOL_TAGS`) and the env's own, so a
+    search-only env still fails a ``<python>`` call without a result, as ``compute_score`` does.
     The paper-mode rewards (``f1``/``em``/``math_verify`` with a format penalty) use rapo's
     `check_format`, which ignores tags inside tool results.
     """
-    check = reference_format_check(response, tuple(tool_tags))
+    check = reference_format_check(response, tuple(dict.fromkeys((*REFERENCE_TOOL_TAGS, *tool_tags))))
     answer = None if not check.ok else reference_boxed(extract_answer(response) or "")
     if answer is None:
         reason = check.reason or "the reference cannot read the \\boxed{...} of the answer"

@@ -121,3 +121,14 @@ def test_qa_reward_reference_kind_reports_the_reference_format_verdict():
     assert score.metrics["format_ok"] == 0.0
     assert "think" in score.format_error
     assert score.metrics["f1"] == 1.0  # the comparable metrics still score the answer
+
+
+@pytest.mark.parametrize("env_tags", [("search",), ("python",)])
+def test_a_single_tool_env_checks_every_tool_tag_as_compute_score_does(env_tags):
+    """compute_score scans both <search> and <python> whatever the env offers: a call of the other tool
+    without its result is bad format there, so it is here."""
+    task = Task(id="t", question="?", answers=("Paris",), source="toy")
+    other = "python" if env_tags == ("search",) else "search"
+    response = f"{THINK}<{other}>x</{other}>{answer(chr(92) + 'boxed{Paris}')}"
+    assert QAReward("reference", env_tags)(response, task).reward == -1.0
+    assert reference_reward(response, task, env_tags).reward == -1.0
