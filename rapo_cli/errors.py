@@ -30,6 +30,7 @@ USER_ERROR_TYPES = frozenset({
     "rapo_agents.config.ConfigError",
     "rapo_agents.checkpoint.CheckpointError",
     "rapo_agents.rollout.episode.PromptTooLongError",
+    "rapo_agents.run_control.RunFolderBusyError",
     "rapo_env.tasks.files.TaskFileError",
     "rapo_env.envs.qa.QADatasetError",
     "rapo_env.tasks.knowledge_base.KnowledgeBaseError",
