@@ -6,7 +6,11 @@ HTTP and yields its base URL; leaving the ``with`` block shuts the server down.
 Both guard the server's connections against slow and greedy clients (`ConnectionLimits`): a
 connection that has not sent a complete request head within ``header_timeout_s`` of opening (or of
 the first bytes of its next request) gets 408 and is closed, a client holding more than ``max_connections_per_client``
-connections gets 503 on the next ones, and the whole server answers 503 beyond ``max_connections``.
+connections gets 503 on the next ones, and the whole server holds at most ``max_connections``, shared fairly:
+when it is full, a client holding fewer than the biggest holder gets a connection by closing one of that
+holder's idle ones (so idle connections from a few addresses cannot lock everyone else out). Answers that
+clients do not read are bounded too: a connection whose client reads nothing for ``write_timeout_s`` is cut,
+and so is the newest one that would take the unread answers of all connections past ``max_queued_response_bytes``.
 
 Example:
     >>> import httpx
@@ -59,14 +63,21 @@ class ConnectionLimits:
     """Open connections per client address; the next ones get 503 and are closed at once."""
     max_connections: int = 2048
     """Open connections and running requests in all; beyond, requests get 503 (uvicorn's ``limit_concurrency``)."""
+    """Open connections in all, shared fairly between client addresses (see the module's docstring)."""
     max_header_bytes: int = 64 * 1024
     """Largest request head (uvicorn's ``h11_max_incomplete_event_size``; httptools has its own 80 KiB limit)."""
+    write_timeout_s: float = 30.0
+    """How long an answer may wait unread, its client reading nothing of it (while the server's buffer is above
+    its high-water mark); beyond it the connection is cut and its buffer freed."""
+    max_queued_response_bytes: int = 256 << 20
+    """Bytes of answers that clients have not read yet, over all connections; a connection that would pass it
+    is cut (its answer dropped) instead."""
 
     def __post_init__(self) -> None:
-        if self.header_timeout_s <= 0 or self.keep_alive_s <= 0:
+        if self.header_timeout_s <= 0 or self.keep_alive_s <= 0 or self.write_timeout_s <= 0:
             raise ValueError("ConnectionLimits timeouts must be positive")
-        if self.max_connections_per_client < 1 or self.max_connections < 1:
-            raise ValueError("ConnectionLimits connection counts must be >= 1")
+        if self.max_connections_per_client < 1 or self.max_connections < 1 or self.max_queued_response_bytes < 1:
+            raise ValueError("ConnectionLimits connection counts and byte caps must be >= 1")
 
 
 def _plain_answer(status: str, message: str) -> bytes:
@@ -78,43 +89,108 @@ def _plain_answer(status: str, message: str) -> bytes:
     return head.encode() + body
 
 
-def guarded_protocol(limits: ConnectionLimits) -> type[asyncio.Protocol]:
-    """uvicorn's HTTP protocol (httptools, else h11) with a request-head timeout and a per-client cap.
+class _Connections:
+    """The connections one server holds, per client address: what the guard counts and evicts from."""
 
-    Each call makes a class with its own count of open connections per client address: one per server.
+    def __init__(self) -> None:
+        self.by_client: dict[str, set[Any]] = collections.defaultdict(set)
+        self.total = 0
+        self.unread: set[Any] = set()  # connections whose answers wait above the high-water mark
+
+    def add(self, connection: Any) -> None:
+        self.by_client[connection.guard_client].add(connection)
+        self.total += 1
+
+    def discard(self, connection: Any) -> None:
+        held = self.by_client.get(connection.guard_client)
+        if held is not None and connection in held:
+            held.discard(connection)
+            self.total -= 1
+            if not held:
+                del self.by_client[connection.guard_client]
+        self.unread.discard(connection)
+
+    def held_by(self, client: str) -> int:
+        return len(self.by_client.get(client, ()))
+
+    def evict_for(self, client: str) -> bool:
+        """Close an idle connection of the biggest holder to make room for ``client``, if it holds more than
+        ``client`` would; True when one was closed."""
+        mine = self.held_by(client) + 1
+        for holder, held in sorted(self.by_client.items(), key=lambda item: -len(item[1])):
+            if len(held) <= mine:
+                return False
+            idle = next((connection for connection in held if connection.guard_idle()), None)
+            if idle is not None:
+                idle.guard_close(b"")
+                return True
+        return False
+
+    def queued_bytes(self) -> int:
+        return sum(connection.transport.get_write_buffer_size() for connection in self.unread)
+
+
+def guarded_protocol(limits: ConnectionLimits) -> type[asyncio.Protocol]:
+    """uvicorn's HTTP protocol (httptools, else h11) with a request-head timeout, a fair connection cap and
+    bounds on unread answers.
+
+    Each call makes a class with its own connection bookkeeping: one per server.
     """
     from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
-    open_per_client: collections.Counter[str] = collections.Counter()
+    connections = _Connections()
     refused = _plain_answer(
         "503 Service Unavailable", f"too many connections from this client (limit {limits.max_connections_per_client})"
     )
+    full = _plain_answer("503 Service Unavailable", f"the server holds its limit of {limits.max_connections} "
+                         "connections, none of them idle")
     too_slow = _plain_answer("408 Request Timeout", f"no complete request head within {limits.header_timeout_s:g} s")
 
     class GuardedHTTPProtocol(AutoHTTPProtocol):  # type: ignore[misc, valid-type]
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
-            self._guard_client = self.client[0] if self.client else ""
+            self.guard_client = self.client[0] if self.client else ""
             self._head_timer: asyncio.TimerHandle | None = None
-            open_per_client[self._guard_client] += 1
-            if open_per_client[self._guard_client] > limits.max_connections_per_client:
-                transport.write(refused)
-                transport.close()
+            self._write_timer: asyncio.TimerHandle | None = None
+            if connections.held_by(self.guard_client) >= limits.max_connections_per_client:
+                self.guard_close(refused)
                 return
+            if connections.total >= limits.max_connections and not connections.evict_for(self.guard_client):
+                self.guard_close(full)
+                return
+            connections.add(self)
             self._await_head()
 
         def connection_lost(self, exc: Exception | None) -> None:
-            open_per_client[self._guard_client] -= 1
-            if open_per_client[self._guard_client] <= 0:
-                del open_per_client[self._guard_client]
-            if self._head_timer is not None:
-                self._head_timer.cancel()
+            self._stop_timers()
+            connections.discard(self)
             super().connection_lost(exc)
+
+        def guard_idle(self) -> bool:
+            """No request of this connection is being answered (between requests, or no complete head yet)."""
+            return self.cycle is None or self.cycle.response_complete
+
+        def guard_close(self, answer: bytes, abort: bool = False) -> None:
+            """Stop counting this connection and close it (``answer`` first, unless it is cut: ``abort``)."""
+            connections.discard(self)
+            self._stop_timers()
+            if abort:
+                self.transport.abort()  # drops what is queued: that memory is freed now
+            elif not self.transport.is_closing():
+                if answer:
+                    self.transport.write(answer)
+                self.transport.close()
+
+        def _stop_timers(self) -> None:
+            for timer in (self._head_timer, self._write_timer):
+                if timer is not None:
+                    timer.cancel()
+            self._head_timer = self._write_timer = None
 
         def data_received(self, data: bytes) -> None:
             # The first bytes of a next request on a kept-alive connection start its head's clock (while it
             # sits idle, uvicorn's keep-alive timeout closes it quietly).
-            if self._head_timer is None and (self.cycle is None or self.cycle.response_complete):
+            if self._head_timer is None and self.guard_idle() and not self.transport.is_closing():
                 self._await_head()
             super().data_received(data)
 
@@ -124,16 +200,46 @@ def guarded_protocol(limits: ConnectionLimits) -> type[asyncio.Protocol]:
                 self._head_timer = None
             super().on_response_complete()
 
+        def pause_writing(self) -> None:
+            # The client is not reading as fast as we answer: its answer now waits in our buffer.
+            super().pause_writing()
+            connections.unread.add(self)
+            if connections.queued_bytes() > limits.max_queued_response_bytes:
+                logger.warning("cut a connection from %s: unread answers passed %d bytes", self.guard_client,
+                               limits.max_queued_response_bytes)
+                self.guard_close(b"", abort=True)
+                return
+            if self._write_timer is None:
+                self._await_reader()
+
+        def resume_writing(self) -> None:
+            connections.unread.discard(self)
+            if self._write_timer is not None:
+                self._write_timer.cancel()
+                self._write_timer = None
+            super().resume_writing()
+
+        def _await_reader(self) -> None:
+            queued = self.transport.get_write_buffer_size()
+            self._write_timer = self.loop.call_later(limits.write_timeout_s, self._write_deadline, queued)
+
+        def _write_deadline(self, queued_before: int) -> None:
+            self._write_timer = None
+            if self.transport.get_write_buffer_size() < queued_before:
+                self._await_reader()  # the client reads, if slowly: give it another period
+                return
+            logger.warning("cut a connection from %s: its answer waited unread for %g s", self.guard_client,
+                           limits.write_timeout_s)
+            self.guard_close(b"", abort=True)
+
         def _await_head(self) -> None:
             self._head_timer = self.loop.call_later(limits.header_timeout_s, self._head_deadline, self.cycle)
 
         def _head_deadline(self, waiting_cycle: Any) -> None:
             self._head_timer = None
             # uvicorn makes a new cycle once a request head is complete; the same finished cycle means none came.
-            idle = self.cycle is None or self.cycle.response_complete
-            if self.cycle is waiting_cycle and idle and not self.transport.is_closing():
-                self.transport.write(too_slow)
-                self.transport.close()
+            if self.cycle is waiting_cycle and self.guard_idle() and not self.transport.is_closing():
+                self.guard_close(too_slow)
 
     return GuardedHTTPProtocol
 
@@ -172,7 +278,9 @@ def _uvicorn_config(app: Any, host: str, port: int, log_level: str, limits: Conn
         lifespan="on",
         http=guarded_protocol(limits),
         timeout_keep_alive=limits.keep_alive_s,
-        limit_concurrency=limits.max_connections,
+        # The guard admits at most max_connections; uvicorn's own cap (503 for every request beyond it, whoever
+        # holds the connections) only backs it up, counting connections the guard is closing.
+        limit_concurrency=2 * limits.max_connections + 16,
         h11_max_incomplete_event_size=limits.max_header_bytes,
     )
 
