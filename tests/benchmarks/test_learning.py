@@ -1,0 +1,74 @@
+"""The learning benchmark's plumbing (not its results): one shared start per (task, setting, seed) that every
+method resumes from, runs that are skipped once finished, and the tables read back from the run folders."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+@pytest.fixture(scope="module")
+def learning():
+    sys.path.insert(0, str(BENCHMARKS))  # the script imports its sibling _report
+    spec = importlib.util.spec_from_file_location("learning_benchmark", BENCHMARKS / "learning.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    yield module
+    sys.path.remove(str(BENCHMARKS))
+
+
+@pytest.fixture(scope="module")
+def tiny_model_dir(tmp_path_factory, policy_tokenizer_dir) -> Path:
+    """A 2-layer random Llama with SmolLM2's tokenizer and chat template, saved like a checkpoint."""
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    folder = tmp_path_factory.mktemp("tiny_policy")
+    tokenizer = AutoTokenizer.from_pretrained(policy_tokenizer_dir)
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True,
+                         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
+    LlamaForCausalLM(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+@pytest.mark.slow
+def test_every_method_of_a_seed_resumes_from_one_shared_warm_up(learning, tiny_model_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv("RAPO_CACHE_DIR", str(tmp_path / "cache"))
+    overrides = [f"model.path={tiny_model_dir}", "model.trainable_layers=null", "data.num_tasks=8",
+                 "warmup.sft_steps=1", "warmup.sft_batch_size=2", "warmup.num_expert_episodes=2",
+                 "warmup.sft_lr=1e-2", "evaluation.heldout_tasks=3", "total_steps=1", "rollout_n=2",
+                 "optim.train_batch_size=1", "optim.ppo_mini_batch_size=1"]
+    root = tmp_path / "runs"
+    folders = {method: learning.train_method("math-multistep", "warm-up", 0, method, overrides, root)
+               for method in ("GRPO", "RAPO")}
+    shared = learning.run_folder(root, "math-multistep", "warm-up", 0, "shared-start")
+
+    def records(folder: Path, name: str) -> list[dict]:
+        return [json.loads(line) for line in (folder / name).read_text().splitlines()]
+
+    start = records(shared, "eval/metrics.jsonl")
+    assert [record["step"] for record in start] == [0]
+    for folder in folders.values():
+        evaluations = records(folder, "eval/metrics.jsonl")
+        assert [record["step"] for record in evaluations] == [0, 1]
+        assert evaluations[0] == start[0]  # the same step-0 evaluation, run once
+        assert [record["step"] for record in records(folder, "metrics.jsonl")] == [0, 1]  # one warm-up, not two
+    assert records(folders["RAPO"], "metrics.jsonl")[0] == records(shared, "metrics.jsonl")[0]
+
+    finished = (folders["RAPO"] / learning.DONE).stat().st_mtime_ns
+    learning.train_method("math-multistep", "warm-up", 0, "RAPO", overrides, root)  # a rerun skips it
+    assert (folders["RAPO"] / learning.DONE).stat().st_mtime_ns == finished
+
+    runs = [learning.summarize("math-multistep", "warm-up", 0, method, folder) for method, folder in folders.items()]
+    assert "spliced_reward" in runs[1]["mechanism"] and runs[0]["heldout"][0] == runs[1]["heldout"][0]
+    (comparison,) = learning.against(runs, "RAPO", "GRPO")
+    assert comparison["seeds"] == 1 and comparison["pairs"] == 3
