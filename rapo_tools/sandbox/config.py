@@ -50,7 +50,9 @@ class SandboxConfig:
     """CPU seconds per process of a call (RLIMIT_CPU)."""
     memory_mb: int = 1024
     """Address space (MiB) a call may allocate on top of what the warm worker already maps (RLIMIT_AS, per
-    process); with ``memory_cgroup``, all processes of a call together are capped too."""
+    process); with ``memory_cgroup``, all processes of a call together are capped too. The ``subprocess`` backend
+    honours it as well (RLIMIT_AS per process on top of its fresh interpreter; no cgroup there), the ``docker``
+    backend as the container's memory limit."""
     max_processes: int = 64
     """Processes and threads a call may run at once (RLIMIT_NPROC; enforced because the code runs as a
     dedicated unprivileged uid, also when rapo itself runs as root)."""

@@ -30,7 +30,8 @@ def make_executor(config: SandboxConfig):
 
     python = {"python": config.python} if config.python else {}
     return SubprocessExecutor(timeout_s=config.timeout_s, max_output_bytes=config.max_output_bytes,
-                              max_code_bytes=config.max_code_bytes, output=config.output, **python)
+                              max_code_bytes=config.max_code_bytes, output=config.output, memory_mb=config.memory_mb,
+                              **python)
 
 
 class PythonSandbox:

@@ -73,6 +73,11 @@ _code = _rapo_sys.stdin.read()
 _pid = _os.fork()
 if _pid == 0:
     _signal.signal(_signal.SIGTERM, _signal.SIG_DFL)
+    if len(_rapo_sys.argv) > 1:  # the address-space budget, on top of what the interpreter maps now
+        import resource as _resource
+        with open("/proc/self/statm", "rb") as _statm:
+            _limit = int(_statm.read().split()[0]) * _resource.getpagesize() + int(_rapo_sys.argv[1])
+        _resource.setrlimit(_resource.RLIMIT_AS, (_limit, _limit))
     try:
         _status = _rapo_run(_code, {"__name__": "__main__", "__builtins__": __builtins__})
     except BaseException as _error:  # RecursionError or MemoryError from the parser: say so
@@ -132,13 +137,23 @@ ENDED_STATUS = 128 + signal.SIGTERM
 """Exit status of an interpreter that `end_call` ended."""
 
 
+THREAD_LIMITS = {name: "1" for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
+                                         "NUMEXPR_NUM_THREADS")}
+"""Set for the code, as in the local sandbox: a BLAS thread per core would reserve memory past ``memory_mb``."""
+
+
 def passed_environment() -> dict[str, str]:
-    """The part of the host's environment that the code sees (`PASSED_ENVIRONMENT`)."""
-    return {name: os.environ[name] for name in PASSED_ENVIRONMENT if name in os.environ}
+    """The part of the host's environment that the code sees (`PASSED_ENVIRONMENT`), plus `THREAD_LIMITS`."""
+    return {**{name: os.environ[name] for name in PASSED_ENVIRONMENT if name in os.environ}, **THREAD_LIMITS}
 
 
 class SubprocessExecutor:
-    """Runs each snippet in a new interpreter process (its own session; nothing it starts outlives the call)."""
+    """Runs each snippet in a new interpreter process (its own session; nothing it starts outlives the call).
+
+    ``memory_mb`` (None: no limit) caps the code's address space (RLIMIT_AS, per process) on top of what the
+    interpreter maps when the code starts, as the ``local`` backend does; there is no cgroup to cap the code's
+    processes together.
+    """
 
     def __init__(
         self,
@@ -147,7 +162,9 @@ class SubprocessExecutor:
         python: str = sys.executable,
         max_code_bytes: int = 4 << 20,
         output: OutputStyle = "paper",
+        memory_mb: int | None = None,
     ) -> None:
+        self.memory_mb = memory_mb
         self.timeout_s = timeout_s
         self.max_output_bytes = max_output_bytes
         self.python = python
@@ -159,8 +176,9 @@ class SubprocessExecutor:
         problem = code_problem(code, self.max_code_bytes)
         if problem is not None:
             return problem
+        budget = [] if self.memory_mb is None else [str(int(self.memory_mb) << 20)]
         process = await asyncio.create_subprocess_exec(
-            self.python, "-I", "-c", SUPERVISED_RUNNER_SOURCE,
+            self.python, "-I", "-c", SUPERVISED_RUNNER_SOURCE, *budget,
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,

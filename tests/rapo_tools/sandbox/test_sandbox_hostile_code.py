@@ -108,7 +108,8 @@ def test_subprocess_backend_passes_only_an_allow_list_of_the_environment(subproc
     assert result.ok, result.text
     assert secret not in result.text and "RAPO_TEST_API_KEY" not in result.text
     names = eval(result.text.split("] [")[0] + "]")  # the sorted names the code printed
-    assert set(names) <= {"PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR", "HOME", "USER", "LOGNAME", "TERM"}
+    assert set(names) <= {"PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR", "HOME", "USER", "LOGNAME", "TERM",
+                          "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "NUMEXPR_NUM_THREADS"}
 
 
 def _processes_with(marker: str) -> list[int]:
@@ -174,3 +175,17 @@ def test_subprocess_backend_leaves_no_process_behind_when_the_code_exits_hard(su
     result = subprocess_sandbox.run_sync(ESCAPE.format(marker=marker) + "os._exit(3)")
     assert not result.ok and "status 3" in result.text
     assert _survivors(marker) == []
+
+
+def test_subprocess_backend_honours_the_memory_limit(subprocess_sandbox):
+    budget = subprocess_sandbox.config.memory_mb
+    code = (
+        "def allocate(mib):\n"
+        "    try:\n"
+        "        return len(bytearray(mib << 20)) >> 20\n"
+        "    except MemoryError:\n"
+        "        return 'MemoryError'\n"
+        f"print(allocate({budget // 2}), allocate({budget + 64}))"
+    )
+    result = subprocess_sandbox.run_sync(code)
+    assert result.ok and result.text == f"{budget // 2} MemoryError\n", result.text
