@@ -95,14 +95,12 @@ class RunControl:
 
     @contextlib.contextmanager
     def phase(self, name: str, abortable: bool = False) -> Iterator[None]:
-        """Run the block as phase ``name``; an abortable phase ends at the first signal (and is skipped when one
-        already came). The block's code checks `requested` when it stops at a step boundary instead."""
+        """Run the block as phase ``name``: an abortable phase ends at the first signal; in any other, the block's
+        code checks `requested` where it can stop (a step boundary). Callers skip a phase when `requested` is
+        already set."""
         previous = self.current, self._abortable
-        self.current = name
+        self.current, self._abortable = name, abortable
         try:
-            if abortable and self.requested:
-                return
-            self._abortable = abortable
             yield
         except PhaseInterrupted:
             pass

@@ -256,12 +256,12 @@ class RAPOTrainer:
         if episodes is None:  # a signal stopped the warm-up before its first step
             return {}
         steps = config.warmup.sft_steps - self.warmup_steps_done
-        print(f"warm-up: behaviour cloning, {steps} steps on {len(episodes)} expert episodes", flush=True)
         # The warm-up trains the whole model; ``model.trainable_layers`` restricts the RL updates only.
         trainable = [parameter.requires_grad for parameter in self.model.parameters()]
         self.model.requires_grad_(True)
         try:
             with self.control.phase("warm-up"):  # a signal stops it after the current optimiser step
+                print(f"warm-up: behaviour cloning, {steps} steps on {len(episodes)} expert episodes", flush=True)
                 result = behaviour_cloning(
                     self.model, episodes, self._pad_token_id(), steps=steps, batch_size=config.warmup.sft_batch_size,
                     lr=config.warmup.sft_lr, micro_batch_size=config.optim.micro_batch_size,
@@ -450,11 +450,11 @@ class RAPOTrainer:
     def evaluate_heldout(self, logger: MetricsLogger | None = None) -> HeldoutResult | None:
         """Evaluate the current policy on the held-out questions; logs ``eval/*`` to ``logger`` (``eval/``)."""
         evaluator = self.heldout
-        if evaluator is None:
+        if evaluator is None or self.control.requested:
             return None
-        print(f"held-out evaluation at step {self.step}: {evaluator.num_tasks} questions", flush=True)
         result = None
         with self.control.phase("evaluation", abortable=True):
+            print(f"held-out evaluation at step {self.step}: {evaluator.num_tasks} questions", flush=True)
             result = evaluator.evaluate(self.step, show_progress=self.config.logging.progress)
         if result is None:  # stopped by a signal
             return None
