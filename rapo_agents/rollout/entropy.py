@@ -29,6 +29,36 @@ REFERENCE_ENTROPY_TOKENS = 20
 """The reference estimator looks at the first 20 tokens of a step."""
 
 
+def with_sampled_token(
+    top_logprobs: Sequence[Sequence[float]],
+    sampled_logprobs: Sequence[float],
+    top_token_ids: Sequence[Sequence[int]] | None = None,
+    token_ids: Sequence[int] | None = None,
+) -> list[list[float]]:
+    """Each row of top-k log-probs, plus the sampled token's log-prob where it is not among them.
+
+    vLLM's ``logprobs=k`` answers the top k *and* the sampled token when it is outside them, and the
+    reference's step entropy sums every entry it gets. Whether the sampled token is outside is read
+    from the token ids when the backend gives them, else from its log-prob being below the row's least.
+
+    Example:
+        >>> with_sampled_token([[-0.1, -2.5], [-0.2, -1.8]], [-0.1, -4.0])
+        [[-0.1, -2.5], [-0.2, -1.8, -4.0]]
+    """
+    rows = []
+    for index, row in enumerate(top_logprobs):
+        row = list(row)
+        if index < len(sampled_logprobs) and row:
+            if top_token_ids is not None and token_ids is not None and index < len(top_token_ids):
+                outside = token_ids[index] not in top_token_ids[index]
+            else:
+                outside = sampled_logprobs[index] < min(row)
+            if outside:
+                row.append(float(sampled_logprobs[index]))
+        rows.append(row)
+    return rows
+
+
 def step_entropies(
     token_entropies: Sequence[float] | None,
     top_logprobs: Sequence[Sequence[float]] | None,
@@ -39,7 +69,8 @@ def step_entropies(
 
     Args:
         token_entropies: the full-vocabulary entropy of each generated token (`step_entropy_paper`).
-        top_logprobs: the top-k log-probs of each generated token, rows of any length (`step_entropy_reference`).
+        top_logprobs: the top-k log-probs of each generated token, rows of any length (`step_entropy_reference`);
+            `with_sampled_token` adds the sampled token where it is outside them, as the reference counts it.
         vocab_size: ``|V|`` of the policy's tokenizer.
         max_tokens: how many leading tokens the reference estimator sums.
     """

@@ -33,7 +33,7 @@ from typing import Any
 
 from rapo_agents.chat_template import render_chat_template
 from rapo_agents.policies.base import Generation
-from rapo_agents.rollout.entropy import step_entropies
+from rapo_agents.rollout.entropy import step_entropies, with_sampled_token
 from rapo_agents.scripted import split_spliced_text
 from rapo_env.trajectory import StepRecord, Trajectory
 
@@ -56,6 +56,16 @@ def encode_env_text(tokenizer: Any, text: str) -> list[int]:
         except TypeError:  # no split_special_tokens option
             pass
     return list(tokenizer.encode(text, add_special_tokens=False))
+
+
+def reference_rows(generation: Generation, tokens: int) -> list[list[float]] | None:
+    """The first ``tokens`` rows of top log-probs the reference's step entropy sums (`with_sampled_token`)."""
+    if not generation.top_logprobs:
+        return None
+    top = generation.top_logprobs[:tokens]
+    if generation.logprobs is None:
+        return [list(row) for row in top]
+    return with_sampled_token(top, generation.logprobs[:tokens], generation.top_token_ids, generation.token_ids)
 
 
 class PromptTooLongError(ValueError):
@@ -152,7 +162,7 @@ class EpisodeRecord:
         full_entropy = generation.entropies if generation.entropy_kind == "full" else None
         entropy_paper, entropy_reference = step_entropies(
             full_entropy[: len(tokens)] if full_entropy else None,
-            generation.top_logprobs[: len(tokens)] if generation.top_logprobs else None,
+            reference_rows(generation, len(tokens)),
             vocab_size,
         )
         step = StepRecord(

@@ -30,3 +30,22 @@ def test_turn_entropy_prefers_the_reference_estimator_over_the_first_tokens():
     rows = [[math.log(0.5), math.log(0.5)]] * 3
     assert turn_entropy(rows, [9.0, 9.0, 9.0], vocab_size=4, tokens=2) == pytest.approx(2 * math.log(2) / math.log(4))
     assert turn_entropy(None, [1.0, 3.0, 9.0], vocab_size=4, tokens=2) == 2.0
+
+
+def test_the_reference_estimator_counts_a_sampled_token_outside_the_top_k():
+    """vLLM answers the top 10 plus the sampled token when it is not among them, and the reference's
+    step entropy sums every entry, so a step that sampled an unlikely token has a larger entropy."""
+    from rapo_agents.policies.base import Generation
+    from rapo_agents.rollout.episode import reference_rows
+    from rapo_agents.rollout.entropy import step_entropies
+
+    top = [[math.log(0.5), math.log(0.3)]]
+    unlikely = Generation(token_ids=[7], text="x", finish_reason="stop", logprobs=[math.log(0.01)],
+                          top_logprobs=top, top_token_ids=[[1, 2]])
+    likely = Generation(token_ids=[1], text="x", finish_reason="stop", logprobs=[math.log(0.5)],
+                        top_logprobs=top, top_token_ids=[[1, 2]])
+    assert reference_rows(unlikely, 1) == [top[0] + [math.log(0.01)]]
+    assert reference_rows(likely, 1) == top
+    _, counted = step_entropies(None, reference_rows(unlikely, 1), vocab_size=100)
+    _, top_only = step_entropies(None, top, vocab_size=100)
+    assert counted == pytest.approx(top_only - 0.01 * math.log(0.01) / math.log(100))
