@@ -58,6 +58,16 @@ def encode_env_text(tokenizer: Any, text: str) -> list[int]:
     return list(tokenizer.encode(text, add_special_tokens=False))
 
 
+def _forget_splice(env: Any) -> None:
+    """Tell the retrieval wrapper in ``env``'s chain that its last splice was skipped (spec §4's budget)."""
+    while env is not None:
+        forget = getattr(type(env), "forget_splice", None)
+        if forget is not None:
+            forget(env)
+            return
+        env = getattr(env, "env", None)
+
+
 def reference_rows(generation: Generation, tokens: int) -> list[list[float]] | None:
     """The first ``tokens`` rows of top log-probs the reference's step entropy sums (`with_sampled_token`)."""
     if not generation.top_logprobs:
@@ -334,6 +344,8 @@ class Episode:
         retrieval = dict(info["retrieval"]) if info.get("retrieval") else None
         fits = record.add_observation(observation, retrieval)
         step.retrieval = retrieval if retrieval is not None and "token_span" in retrieval else None
+        if retrieval is not None and step.retrieval is None:
+            _forget_splice(self.env)
         if not fits or record.remaining <= 0:
             self.end_reason = "length"
             self._score_cut_episode()

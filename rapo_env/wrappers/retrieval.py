@@ -205,7 +205,7 @@ class StepTraceRetrievalWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
         self.vector_safe_info = vector_safe_info
         self._seed = seed
         self._rng = np.random.default_rng(seed)
-        self._context = ""
+        self._context, self._last_splice = "", None
         self._hybrid = True
         self._errors = 0
         self._retrievals = 0
@@ -240,6 +240,7 @@ class StepTraceRetrievalWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
         rollout_index = (options or {}).get("rollout_index", info.get("rollout_index"))
         self._hybrid = self.is_hybrid(rollout_index)
         self._context = observation
+        self._last_splice = None
         self._errors = 0
         self._retrievals = 0
         info = dict(info)
@@ -256,7 +257,10 @@ class StepTraceRetrievalWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
         retrieval, error = None, None
         if self._hybrid and self.may_retrieve(terminated, truncated, info) and self._rng.random() < self.retrieve_prob:
             retrieval, error = self._retrieve(self._context + observation, observation)
+        self._last_splice = None
         if retrieval is not None:
+            start = len(self._context) + len(observation)
+            self._last_splice = (start, start + len(retrieval["text"]))
             observation = observation + retrieval["text"]
             self._retrievals += 1
         self._context += observation
@@ -274,6 +278,16 @@ class StepTraceRetrievalWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
         branched rollout retrieves as its own rollout index says, with draws of its own.
         """
         self._context, self._errors, self._retrievals = source._context, source._errors, source._retrievals
+        self._last_splice = None
+
+    def forget_splice(self) -> None:
+        """Take the last step's splice out of the retrieval context: its episode skipped it for the token
+        budget (`rapo_agents.rollout.episode.EpisodeRecord.add_observation`), so the policy never saw it
+        and later queries must not hold it either."""
+        if getattr(self, "_last_splice", None) is not None:
+            start, end = self._last_splice
+            self._context = self._context[:start] + self._context[end:]
+            self._last_splice = None
 
     def _retrieve(self, query: str, observation: str) -> tuple[dict[str, Any] | None, str | None]:
         """Query the retriever and build the splice; (None, error text) when the retriever failed."""

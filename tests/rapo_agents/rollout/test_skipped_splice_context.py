@@ -1,0 +1,54 @@
+"""D10: a splice the episode skips for its token budget leaves the retrieval context too.
+
+The policy never sees a skipped splice, so the queries of later retrievals (the episode's text so
+far) must not hold it either.
+"""
+
+import gymnasium as gym
+
+from rapo_agents.policies import ByteTokenizer, Generation
+from rapo_agents.rollout.episode import Episode
+from rapo_buffers.candidates import Candidate
+from rapo_env.wrappers import StepTraceRetrievalWrapper
+
+LONG_TRACE = "<python>print('a long step trace')</python> <result>\n" + "x" * 400 + "\n</result>"
+
+
+class EchoEnv(gym.Env):
+    observation_space = action_space = gym.spaces.Text(4096)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return "question", {}
+
+    def step(self, action):
+        return " <result>\n1\n</result>", 0.0, False, False, {"tool": "python"}
+
+
+class RecordingRetriever:
+    """Answers one long step trace and keeps every query it was asked."""
+
+    def __init__(self):
+        self.queries = []
+
+    def retrieve(self, queries, topk):
+        self.queries.extend(queries)
+        return [[Candidate(LONG_TRACE, reward=1.0, score=0.9)] for _ in queries]
+
+
+def test_a_skipped_splice_is_not_part_of_later_queries():
+    retriever = RecordingRetriever()
+    env = StepTraceRetrievalWrapper(EchoEnv(), retriever, retrieve_prob=1.0, seed=0)
+    tokenizer = ByteTokenizer()
+    episode = Episode(0, 0, 0, env=env)
+    prompt, info = env.reset()
+    episode.begin(prompt, info, tokenizer, max_prompt_tokens=200, max_response_tokens=120)
+    for _ in range(2):
+        action = "<python>1</python>"
+        episode.add_generation(Generation(token_ids=tokenizer.encode(action), text=action, finish_reason="stop"),
+                               len(tokenizer))
+        episode.add_step(*env.step(action))
+    assert episode.record.skipped_splices == 2  # the trace never fits the 120-token budget
+    assert len(retriever.queries) == 2
+    assert "a long step trace" not in retriever.queries[1]
+    assert "a long step trace" not in env.context
