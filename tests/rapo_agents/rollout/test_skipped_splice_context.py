@@ -6,23 +6,13 @@ far) must not hold it either.
 
 import gymnasium as gym
 
+import rapo_env  # noqa: F401  (registers the envs)
 from rapo_agents.policies import ByteTokenizer, Generation
 from rapo_agents.rollout.episode import Episode
 from rapo_buffers.candidates import Candidate
 from rapo_env.wrappers import StepTraceRetrievalWrapper
 
 LONG_TRACE = "<python>print('a long step trace')</python> <result>\n" + "x" * 400 + "\n</result>"
-
-
-class EchoEnv(gym.Env):
-    observation_space = action_space = gym.spaces.Text(4096)
-
-    def reset(self, *, seed=None, options=None):
-        super().reset(seed=seed)
-        return "question", {}
-
-    def step(self, action):
-        return " <result>\n1\n</result>", 0.0, False, False, {"tool": "python"}
 
 
 class RecordingRetriever:
@@ -38,13 +28,14 @@ class RecordingRetriever:
 
 def test_a_skipped_splice_is_not_part_of_later_queries():
     retriever = RecordingRetriever()
-    env = StepTraceRetrievalWrapper(EchoEnv(), retriever, retrieve_prob=1.0, seed=0)
+    env = StepTraceRetrievalWrapper(gym.make("RAPO-Math-v0", num_tasks=1, sandbox="subprocess", max_turns=10),
+                                    retriever, retrieve_prob=1.0, seed=0)
     tokenizer = ByteTokenizer()
     episode = Episode(0, 0, 0, env=env)
     prompt, info = env.reset()
-    episode.begin(prompt, info, tokenizer, max_prompt_tokens=200, max_response_tokens=120)
+    episode.begin(prompt, info, tokenizer, max_prompt_tokens=4000, max_response_tokens=120)
     for _ in range(2):
-        action = "<python>1</python>"
+        action = "<python>print(1)</python>"
         episode.add_generation(Generation(token_ids=tokenizer.encode(action), text=action, finish_reason="stop"),
                                len(tokenizer))
         episode.add_step(*env.step(action))

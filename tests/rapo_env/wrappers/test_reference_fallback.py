@@ -5,7 +5,7 @@ import gymnasium as gym
 from rapo_buffers.candidates import Candidate, StaticRetriever
 from rapo_env.prompts import REFERENCE_FALLBACK_TEXT
 from rapo_env.wrappers import StepTraceRetrievalWrapper
-from rapo_env.wrappers.retrieval import FALLBACK_TEXT
+from rapo_env.wrappers.retrieval import FALLBACK_TEXT, REFERENCE_EMPTY_TEXT, REFERENCE_ERROR_PREFIX
 
 # What the reference's rollout appends (vllm_rollout_with_tools.py formats RetrieveTool's fallback so).
 REFERENCE_SPLICE = (
@@ -47,3 +47,39 @@ def test_paper_rule_keeps_rapos_wording_and_an_explicit_text_wins():
     assert FALLBACK_TEXT in spliced(hybrid_rule="paper")
     assert REFERENCE_FALLBACK_TEXT not in spliced(hybrid_rule="paper")
     assert "my own hint" in spliced(hybrid_rule="reference", fallback_text="my own hint")
+
+
+# D1: when retrieval fails or finds nothing, the reference still splices text (its RetrieveTool returns
+# ``Retrieve error: ...`` for a failed call and, for an empty hit list, the error of ``max()`` over it);
+# the paper mode splices nothing.
+
+
+class DownRetriever:
+    def retrieve(self, queries, topk):
+        raise ConnectionError("retrieval service unreachable")
+
+
+def first_step(retriever, rule):
+    env = StepTraceRetrievalWrapper(EchoEnv(), retriever, retrieve_prob=1.0, hybrid_rule=rule, seed=0)
+    env.reset()
+    observation, _, _, _, info = env.step("<python>1</python>")
+    return observation, info
+
+
+def test_a_failed_retrieval_splices_its_error_in_reference_mode():
+    observation, info = first_step(DownRetriever(), "reference")
+    assert f"<retrieve>\n{REFERENCE_ERROR_PREFIX}ConnectionError: retrieval service unreachable\n</retrieve>" in observation
+    assert info["retrieval"]["fallback"] and info["retrieval_errors"] == 1
+    assert "unreachable" in info["retrieval_error"]
+
+
+def test_an_empty_retrieval_splices_the_references_text_in_reference_mode():
+    observation, info = first_step(StaticRetriever([]), "reference")
+    assert f"<retrieve>\n{REFERENCE_EMPTY_TEXT}\n</retrieve>" in observation
+    assert info["retrieval"]["candidates"] == [] and info["retrieval_error"] is None
+
+
+def test_the_paper_mode_splices_nothing_for_either():
+    for retriever in (DownRetriever(), StaticRetriever([])):
+        observation, info = first_step(retriever, "paper")
+        assert observation == " <result>\n1\n</result>" and info["retrieval"] is None
