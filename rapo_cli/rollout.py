@@ -74,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
     from rapo_env.trajectory import write_jsonl
 
     checks.env_id(args.env)
-    env_kwargs = checks.env_kwargs(args.env_kwargs)
+    env_kwargs = checks.env_kwargs(args.env_kwargs, env=args.env)
     if args.policy != "expert":
         checks.policy(args)
     for name in ("episodes", "rollouts_per_question", "max_tokens"):

@@ -1,16 +1,19 @@
 """``rapo search``: build a knowledge-search index and serve it at ``POST /wikiSearch``.
 
     rapo search build-index --corpus_path wiki-18.jsonl --index_path wiki.faiss [--index_type hnsw]
-    rapo search serve --index_path wiki.faiss [--corpus_path wiki-18.jsonl] --topk 3 --port 8000
+    rapo search serve --index_path wiki.faiss [--corpus_path wiki-18.jsonl] --topk 3 --port 8002
 
 The flags are those of the reference scripts (``scripts/build_search_index.py``,
-``scripts/search_server.py``), which call the same functions.
+``scripts/search_server.py``), which call the same functions. ``rapo search serve`` listens on port 8002 by
+default (`SEARCH_PORT`, or ``$RAPO_SEARCH_PORT``): 8000 is vLLM's and the OpenAI-compatible server's, 8001 the
+step-trace retrieval service's (``rapo buffer serve``), so the pipeline's services run side by side.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 
 from rapo_cli import checks
 from rapo_tools.search.server import add_build_arguments, add_serve_arguments, run_build, run_serve
@@ -18,6 +21,8 @@ from rapo_tools.search.server import add_build_arguments, add_serve_arguments, r
 HELP = "Build a knowledge-search index (build-index) and serve it at POST /wikiSearch (serve)."
 
 _ACTIONS = {"build-index": run_build, "serve": run_serve}
+SEARCH_PORT = 8002
+"""Default port of ``rapo search serve``: not vLLM's 8000, not the retrieval service's 8001."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -25,7 +30,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_build_arguments(
         actions.add_parser("build-index", help="encode a corpus and save a FAISS index with its sidecar")
     )
-    add_serve_arguments(actions.add_parser("serve", help="serve an index at POST /wikiSearch with micro-batching"))
+    serve = actions.add_parser("serve", help="serve an index at POST /wikiSearch with micro-batching")
+    add_serve_arguments(serve)
+    serve.set_defaults(port=int(os.environ.get("RAPO_SEARCH_PORT", SEARCH_PORT)))
 
 
 def check_arguments(args: argparse.Namespace) -> None:

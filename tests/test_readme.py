@@ -21,6 +21,11 @@ NOT_RUN = {
     "rapo export": "needs a trained checkpoint (tests/rapo_cli/test_export.py exports one)",
     "rapo search serve": "serves until stopped (the service tests run it over HTTP)",
     "rapo buffer serve": "serves until stopped (the service tests run it over HTTP)",
+    "kill %": "stops the services that the lines above start in the background (not started by this test)",
+    "python -m rapo_agents.policies.openai_server": "serves until stopped: "
+                                                    "test_the_local_openai_server_serves_the_readmes_eval runs it",
+    "rapo eval --policy openai": "needs the server of the line above: "
+                                 "test_the_local_openai_server_serves_the_readmes_eval runs both",
     "pip install": "installs packages (GPU node)",
     "python scripts/verl": "the 7B recipe, for a GPU node",
     "RAPO_RETRIEVER=": "the 7B recipe, for a GPU node",
@@ -39,6 +44,10 @@ def commands() -> list[str]:
 
 def is_run(command: str) -> bool:
     return not any(command.startswith(prefix) for prefix in NOT_RUN)
+
+
+def command_starting(prefix: str) -> str:
+    return next(command for command in commands() if command.startswith(prefix))
 
 
 def shell_env() -> dict[str, str]:
@@ -69,9 +78,76 @@ def test_the_pipeline_commands_run_in_order_offline(tmp_path):
     assert (tmp_path / "runs" / "buffer.index").is_file() and (tmp_path / "runs" / "wiki.index").is_file()
 
 
+def test_the_readme_says_to_activate_the_venv_first():
+    assert "source .venv/bin/activate" in README and ".venv/bin/rapo" in README
+
+
+def test_the_pipelines_services_run_in_the_background_on_ports_that_do_not_collide():
+    from rapo_cli.buffer import add_serve_arguments
+    from rapo_cli.search import SEARCH_PORT
+
+    for prefix in ("rapo search serve", "rapo buffer serve"):
+        assert command_starting(prefix).split("#")[0].rstrip().endswith("&"), prefix
+    assert any(command.startswith("kill %1 %2") for command in commands())
+    import argparse
+
+    buffer = argparse.ArgumentParser()
+    add_serve_arguments(buffer)
+    buffer_port = buffer.parse_args(["--corpus_path", "b", "--index_path", "i"]).port
+    assert len({SEARCH_PORT, buffer_port, 8000}) == 3  # search, retrieval and vLLM's port
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_the_local_openai_server_serves_the_readmes_eval(tmp_path):
+    import time
+
+    import httpx
+
+    port = str(free_port())
+    server_line = command_starting("python -m rapo_agents.policies.openai_server").split("#")[0].strip()
+    eval_line = command_starting("rapo eval --policy openai").replace("8000", port)
+    assert server_line.endswith("&")
+    server = subprocess.Popen(["bash", "-c", "exec " + server_line.rstrip("&").replace("8000", port)], cwd=tmp_path,
+                              env=shell_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and server.poll() is None:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=5).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(1)
+        assert server.poll() is None, server.stderr.read()[-3000:]
+        result = subprocess.run(["bash", "-c", eval_line], cwd=tmp_path, env=shell_env(), capture_output=True,
+                                text=True, timeout=600)
+        assert result.returncode == 0, (result.stdout[-2000:], result.stderr[-2000:])
+        assert "2 rollouts" in result.stdout
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+
+
+def make_pipeline_buffer(folder: Path) -> None:
+    """``runs/buffer.jsonl`` and ``runs/buffer.index`` as the README's pipeline writes them."""
+    for command in ("rapo buffer build --source scripted --num-tasks 8 --output runs/buffer.jsonl",
+                    "rapo buffer index --corpus_path runs/buffer.jsonl --index_path runs/buffer.index"):
+        subprocess.run(["bash", "-c", command], cwd=folder, env=shell_env(), check=True, capture_output=True,
+                       timeout=600)
+
+
 @pytest.mark.parametrize("index", range(len(blocks("python"))))
 def test_each_python_snippet_runs(index, tmp_path):
     snippet = blocks("python")[index]
+    if "runs/buffer" in snippet:  # a snippet that reads the pipeline's buffer gets it made first
+        make_pipeline_buffer(tmp_path)
     result = subprocess.run([sys.executable, "-c", snippet], cwd=tmp_path, env=shell_env(), capture_output=True,
                             text=True, timeout=300)
     assert result.returncode == 0, (snippet, result.stderr[-3000:])

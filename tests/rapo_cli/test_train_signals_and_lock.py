@@ -19,19 +19,10 @@ WAIT_S = 600  # the most a phase's log line may take on a loaded machine (a boun
 
 
 @pytest.fixture(scope="module")
-def tiny_model_dir(tmp_path_factory, policy_tokenizer_dir):
-    import torch
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
-
-    tokenizer = AutoTokenizer.from_pretrained(policy_tokenizer_dir)
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
-        num_key_value_heads=1, tie_word_embeddings=True, bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id))
+def tiny_model_dir(tmp_path_factory, small_policy):
     folder = tmp_path_factory.mktemp("tiny-model")
-    model.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
+    for part in small_policy:  # the model and its tokenizer
+        part.save_pretrained(folder)
     return folder
 
 
