@@ -48,6 +48,7 @@ per-token work (Python modules, small matrix products), about what 32 tokens of 
 
 POOLINGS = ("model", "last_token")
 TRUNCATION_SIDES = ("right", "left")
+POSITION_IDS = ("own", "reference")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,6 +66,12 @@ class EncoderSpec:
     truncation_side: Literal["right", "left"] = "right"
     """Which end of a too-long text is dropped: ``right`` keeps a document's start, ``left`` keeps the newest
     part of a context (buffer keys and queries)."""
+    position_ids: Literal["own", "reference"] = "own"
+    """``last_token`` pooling only. ``own``: positions count from each text's first real token, so a text
+    gets the vector it has alone. ``reference``: the transformer's default positions, counted from the
+    batch's first (pad) column as the authors' encoder does, and batches of ``batch_size`` texts in the
+    order given (no length grouping), so a text's vector depends on its batch-mates as theirs do: for
+    reusing an index the authors' code built, encoded with their batch size and order."""
 
     def __post_init__(self) -> None:
         if self.pooling not in POOLINGS:
@@ -73,6 +80,10 @@ class EncoderSpec:
             raise ValueError(
                 f"EncoderSpec.truncation_side must be one of {TRUNCATION_SIDES}, got {self.truncation_side!r}"
             )
+        if self.position_ids not in POSITION_IDS:
+            raise ValueError(f"EncoderSpec.position_ids must be one of {POSITION_IDS}, got {self.position_ids!r}")
+        if self.position_ids == "reference" and self.pooling != "last_token":
+            raise ValueError("EncoderSpec.position_ids='reference' needs pooling='last_token' (the authors' encoder)")
         if self.max_length is not None and (self.pooling != "last_token" or self.max_length < 2):
             raise ValueError(
                 f"EncoderSpec.max_length={self.max_length}: only last_token pooling sets it, to at least 2 tokens"
@@ -251,7 +262,11 @@ class Embedder:
         vectors = np.empty((len(texts), self.dimension), dtype=np.float32)
         with self._lock:
             texts = self._fit(list(texts))
-            groups = length_buckets(self._token_lengths(texts), self.batch_size)
+            if self.encoder.position_ids == "reference":  # the authors' batches: in order, batch_size at a time
+                groups = [list(range(start, min(start + self.batch_size, len(texts))))
+                          for start in range(0, len(texts), self.batch_size)]
+            else:
+                groups = length_buckets(self._token_lengths(texts), self.batch_size)
             for group in tqdm(groups, desc="encoding", unit="batch", disable=not show_progress):
                 vectors[group] = self._encode_group([texts[position] for position in group])
         return vectors
@@ -293,11 +308,12 @@ class Embedder:
         # Positions count from each text's first real token, so that a text's vector does not depend on the
         # padding its batch-mates impose (the reference's default positions shift with the padding).
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        extra = {} if self.encoder.position_ids == "reference" else {"position_ids": positions.to(transformer.device)}
         with torch.inference_mode():
             output = transformer(
                 input_ids=inputs["input_ids"].to(transformer.device),
                 attention_mask=mask.to(transformer.device),
-                position_ids=positions.to(transformer.device),
+                **extra,
             )
             states = output.last_hidden_state[:, -1, :].float()
             if self.normalize:
