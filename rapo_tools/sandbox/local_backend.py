@@ -1,7 +1,7 @@
 """The ``local`` backend: warm workers isolated from the host with bubblewrap.
 
 Each worker is one ``bwrap`` sandbox holding a warm interpreter (see
-`rapo_tools.sandbox.worker`) that forks once per call. The sandbox has:
+`rapo_tools.sandbox.worker`) whose pristine template forks once per call. The sandbox has:
 
 - its own pid, network (loopback only, nothing outside; abstract unix sockets are per network
   namespace), IPC and UTS namespaces;

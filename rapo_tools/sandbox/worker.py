@@ -1,4 +1,4 @@
-"""The warm worker: a long-lived interpreter inside the sandbox that forks once per execution.
+"""The warm worker: a long-lived interpreter inside the sandbox whose pristine template forks once per execution.
 
 This file is a self-contained program (standard library only). The host runs it as
 ``python -I -c <REPL_FUNCTION_SOURCE + this file> <settings JSON>`` inside bubblewrap or a

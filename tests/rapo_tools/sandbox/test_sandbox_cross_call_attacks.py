@@ -160,3 +160,43 @@ def test_the_scan_finds_what_the_call_itself_holds(warm_worker):
     scan = warm_worker.run_sync(f"held = bytes(ord(c) | 0x20 for c in {secret.upper()!r})\n"
                                 + SCAN_OWN_MEMORY.format(upper=secret.upper()))
     assert scan.ok and scan.text != "hits 0\n", scan.text
+
+
+def test_a_lock_on_a_shared_host_file_does_not_outlive_its_call(attack_sandbox, healthy):
+    # flock works on the read-only host files every sandbox shares; a daemon holding one past its call would be a
+    # channel to later calls. Every process of a call dies with it, and its locks with it.
+    hold = (
+        "import fcntl, os, time\n"
+        "if os.fork() == 0:\n"
+        "    os.setsid()\n"
+        "    handle = open('/etc/hostname' if os.path.exists('/etc/hostname') else '/etc/passwd')\n"
+        "    fcntl.flock(handle, fcntl.LOCK_EX)\n"
+        "    time.sleep(30)\n"
+        "    os._exit(0)\n"
+        "time.sleep(0.2)\n"
+        "print('locked')"
+    )
+    probe = (
+        "import fcntl, os\n"
+        "handle = open('/etc/hostname' if os.path.exists('/etc/hostname') else '/etc/passwd')\n"
+        "try:\n"
+        "    fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)\n"
+        "    print('free')\n"
+        "except BlockingIOError:\n"
+        "    print('held')"
+    )
+    assert attack_sandbox.run_sync(hold).text == "locked\n"
+    result = attack_sandbox.run_sync(probe)
+    assert result.ok and result.text == "free\n", result.text
+    healthy(attack_sandbox)
+
+
+def test_the_pid_counter_is_a_channel_the_design_accepts(attack_sandbox, healthy):
+    # Documented in docs/sandbox.md: a call that forks N processes moves the pid the next call gets by N (a few
+    # bits per call, between calls of the same worker only). This pins the behaviour the docs describe.
+    first = attack_sandbox.run_sync("import os\nfor _ in range(20):\n    pid = os.fork()\n"
+                                    "    if pid == 0:\n        os._exit(0)\n    os.waitpid(pid, 0)\nprint(os.getpid())")
+    second = attack_sandbox.run_sync("import os\nprint(os.getpid())")
+    assert first.ok and second.ok
+    assert int(second.text) > int(first.text)
+    healthy(attack_sandbox)
