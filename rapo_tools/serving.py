@@ -62,8 +62,9 @@ class ConnectionLimits:
     max_connections_per_client: int = 512
     """Open connections per client address; the next ones get 503 and are closed at once."""
     max_connections: int = 2048
-    """Open connections and running requests in all; beyond, requests get 503 (uvicorn's ``limit_concurrency``)."""
-    """Open connections in all, shared fairly between client addresses (see the module's docstring)."""
+    """Open connections in all, shared fairly between client addresses: when the server holds this many, a new
+    connection closes an idle one of the biggest holder (while it holds more than the newcomer would), else it
+    gets 503."""
     max_header_bytes: int = 64 * 1024
     """Largest request head (uvicorn's ``h11_max_incomplete_event_size``; httptools has its own 80 KiB limit)."""
     write_timeout_s: float = 30.0
