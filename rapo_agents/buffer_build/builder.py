@@ -49,7 +49,8 @@ def tokenizer_token_counter(name_or_path: str) -> TokenCounter:
 
     source, kwargs = tokenizer_source(name_or_path)  # "embedded": SmolLM2's tokenizer, offline
     tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
-    return lambda text: len(tokenizer(text, add_special_tokens=False)["input_ids"])
+    # Counted as a splice is encoded (`rapo_agents.rollout.episode.encode_env_text`): special-token strings as text.
+    return lambda text: len(tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"])
 
 
 @dataclasses.dataclass

@@ -39,3 +39,9 @@ def test_a_spliced_retrieval_is_tokenized_as_text_too(tokenizer):
     start = len("<result>1</result>")
     assert record.add_observation(observation, retrieval={"span": [start, len(observation)]})
     assert not control_ids(tokenizer) & set(record.token_ids[record.prompt_length:])
+
+
+def test_the_buffer_counts_a_trace_as_a_splice_is_encoded(policy_tokenizer_dir, tokenizer):
+    from rapo_agents.buffer_build.builder import tokenizer_token_counter
+
+    assert tokenizer_token_counter(policy_tokenizer_dir)(FORGED) == len(encode_env_text(tokenizer, FORGED))
