@@ -200,3 +200,27 @@ def test_the_pid_counter_is_a_channel_the_design_accepts(attack_sandbox, healthy
     assert first.ok and second.ok
     assert int(second.text) > int(first.text)
     healthy(attack_sandbox)
+
+
+def test_no_episode_finds_an_earlier_episodes_secret_with_the_default_settings():
+    # The red team's end-to-end case: default gym.make("RAPO-Math-v0") (the local sandbox's default pools), one
+    # episode's code holds a secret, later episodes scan their memory for it; every worker is scanned.
+    import gymnasium as gym
+
+    import rapo_env  # noqa: F401  (registers the envs)
+    from rapo_tools.sandbox import SandboxConfig
+
+    secret = _secret()
+    env = gym.make("RAPO-Math-v0", disable_env_checker=True, num_tasks=1)
+    try:
+        env.reset(seed=0)
+        env.step(f"<python>\nsecret = {secret!r}\nprint(secret)\n</python>")
+        assert secret in env.unwrapped.transcript
+        scans = SandboxConfig().light_workers + 1
+        for episode in range(scans):
+            env.reset(seed=1 + episode)
+            env.step(f"<python>\n{SCAN_OWN_MEMORY.format(upper=secret.upper())}\n</python>")
+            transcript = env.unwrapped.transcript
+            assert "hits 0" in transcript and secret not in transcript, transcript[-500:]
+    finally:
+        env.close()
