@@ -4,7 +4,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.rapo-setup
 
-.PHONY: setup run test bench clean
+.PHONY: setup run test test-fast bench clean
 
 setup: $(STAMP)
 
@@ -31,6 +31,10 @@ run: setup
 
 test: setup
 	$(PY) -m pytest
+
+# The suite without the tests marked slow (real training runs, the sandbox's long attacks): minutes, not ten.
+test-fast: setup
+	$(PY) -m pytest -m "not slow"
 
 bench: setup
 	set -e; for script in benchmarks/[!_]*.py; do echo "== $$script"; $(PY) $$script; done
