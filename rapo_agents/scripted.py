@@ -32,6 +32,7 @@ from rapo_env.rewards.text import normalize_answer
 from rapo_env.tasks.base import Task
 from rapo_env.tasks.knowledge_base import relation_phrase
 from rapo_env.trajectory import StepRecord, Trajectory
+from rapo_env.wrappers.retrieval import split_spliced_text
 
 
 class TextAgent(Protocol):
@@ -190,14 +191,6 @@ def scripted_expert(tasks: Sequence[Task], max_tool_calls: int = 3) -> ExpertAge
     raise ValueError("no scripted expert plays these tasks: the embedded experts play procedural math and "
                      "knowledge-base questions; set warmup.sft_steps=0 and give a buffer as retrieval.retriever")
 
-
-def split_spliced_text(observation: str, info: dict[str, Any]) -> str:
-    """The env's own part of an observation: without the text a retrieval wrapper spliced in."""
-    retrieval = info.get("retrieval")
-    if not retrieval:
-        return observation
-    start, end = retrieval["span"]
-    return observation[:start] + observation[end:]
 
 
 def run_text_episode(

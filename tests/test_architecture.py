@@ -91,3 +91,12 @@ def test_the_rule_catches_function_local_and_string_imports(tmp_path):
 def test_same_layer_and_lower_imports_are_allowed():
     lines = imported_modules("from rapo_tools.base import Tool\nimport rapo_buffers.schema\n")
     assert [module for _, module in lines] == ["rapo_tools.base", "rapo_buffers.schema"]
+
+
+def test_the_algorithm_module_imports_only_the_standard_library_and_torch():
+    """`rapo_agents/rapo.py` is the paper's maths as pure functions: another trainer can copy it whole."""
+    import sys
+
+    source = (ROOT / "rapo_agents" / "rapo.py").read_text(encoding="utf-8")
+    tops = {module.split(".")[0] for _, module in imported_modules(source)}
+    assert tops - {"torch"} <= set(sys.stdlib_module_names), sorted(tops)

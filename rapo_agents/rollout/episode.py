@@ -34,7 +34,7 @@ from typing import Any
 from rapo_agents.chat_template import render_chat_template
 from rapo_agents.policies.base import Generation
 from rapo_agents.rollout.entropy import step_entropies, with_sampled_token
-from rapo_agents.scripted import split_spliced_text
+from rapo_env.wrappers.retrieval import split_spliced_text
 from rapo_env.trajectory import StepRecord, Trajectory
 
 

@@ -35,7 +35,7 @@ from typing import Any, SupportsFloat
 
 from rapo_env.core import ToolEnv
 from rapo_env.envs.reward_spec import RewardSpec, resolve_reward
-from rapo_env.envs.shared import SHARED
+from rapo_env.envs.shared import shared_wiki_search
 from rapo_env.prompts import SHORT_QA_PROMPT, TOOL_DESCRIPTIONS, build_system_prompt
 from rapo_env.rewards.qa import QA_REWARD_KINDS
 from rapo_env.tasks import Task, TaskList, resolve_tasks
@@ -55,15 +55,6 @@ QA_TOOLS = ("search", "python")
 
 class QADatasetError(ValueError):
     """The dataset has no corpus to search (give ``index_path``, ``corpus_path`` or ``search_url``)."""
-
-
-def shared_wiki_search(
-    index_path: Path, corpus_path: Path | None = None, embedder: Embedder | None = None
-) -> WikiSearch:
-    """One loaded `WikiSearch` per index per process (`rapo_env.envs.shared.SHARED`), shared by every env:
-    vector envs load the model once."""
-    key = ("wiki_search", str(Path(index_path).resolve()), str(corpus_path or ""), id(embedder))
-    return SHARED.get(key, lambda: WikiSearch.load(index_path, corpus_path, embedder))
 
 
 def _hotpotqa_corpus(path: Path, cache_root: Path) -> Path:

@@ -1,4 +1,5 @@
-"""`SHARED`: the one process-wide store of what rapo's envs share (loaded search indexes, the offline web site).
+"""`SHARED`: the one process-wide store of what rapo's envs share (loaded search indexes, the offline web site),
+and `shared_wiki_search`, the search index of the QA and web envs taken from it.
 
 Many envs of one process (a vector env, a rollout engine's pool) use the same heavy resource: a FAISS index
 with its encoder, or a loopback site. Each is built once per process under its key and handed to every env
@@ -22,7 +23,11 @@ import dataclasses
 import os
 import threading
 from collections.abc import Callable, Hashable
+from pathlib import Path
 from typing import Any
+
+from rapo_tools.search.embedding import Embedder
+from rapo_tools.search.wiki_search import WikiSearch
 
 
 @dataclasses.dataclass
@@ -74,3 +79,12 @@ class ProcessCache:
 
 SHARED = ProcessCache()
 """The process's store, used by every rapo env."""
+
+
+def shared_wiki_search(
+    index_path: Path, corpus_path: Path | None = None, embedder: Embedder | None = None
+) -> WikiSearch:
+    """One loaded `WikiSearch` per index per process (`SHARED`), shared by every env: vector envs load the model
+    once."""
+    key = ("wiki_search", str(Path(index_path).resolve()), str(corpus_path or ""), id(embedder))
+    return SHARED.get(key, lambda: WikiSearch.load(index_path, corpus_path, embedder))

@@ -34,7 +34,7 @@ from rapo_env.prompts import build_system_prompt
 from rapo_env.tasks import Task, resolve_tasks
 from rapo_env.tasks.knowledge_base import KnowledgeBase, KnowledgeBaseConfig
 from rapo_env.tasks.web_datasets import WEB_DATASET_FILES, knowledge_base_site, load_web_dataset
-from rapo_env.envs.qa import shared_wiki_search
+from rapo_env.envs.shared import shared_wiki_search
 from rapo_tools.base import Tool
 from rapo_tools.cache import rapo_cache_dir
 from rapo_tools.search.embedding import Embedder

@@ -342,3 +342,18 @@ class StepTraceRetrievalWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
             raise TypeError(
                 f"StepTraceRetrievalWrapper needs text observations; {where} returned {type(observation).__name__}"
             )
+
+
+def split_spliced_text(observation: str, info: dict[str, Any]) -> str:
+    """The env's own part of an observation: without the text `StepTraceRetrievalWrapper` spliced in (the
+    inverse of its splice, read from ``info["retrieval"]["span"]``).
+
+    Example:
+        >>> split_spliced_text(" <result>4</result> <retrieve>x</retrieve>", {"retrieval": {"span": (19, 42)}})
+        ' <result>4</result>'
+    """
+    retrieval = info.get("retrieval")
+    if not retrieval:
+        return observation
+    start, end = retrieval["span"]
+    return observation[:start] + observation[end:]

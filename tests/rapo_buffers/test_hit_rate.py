@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from rapo_agents.scripted import ExpertAgent, split_spliced_text
+from rapo_agents.scripted import ExpertAgent
+from rapo_env.wrappers.retrieval import split_spliced_text
 from rapo_buffers.candidates import Retriever
 from rapo_env.envs.math import MathEnv
 from rapo_env.wrappers import StepTraceRetrievalWrapper
