@@ -137,6 +137,41 @@ def read_metrics(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     return [by_step[step] for step in sorted(by_step)]
 
 
+SMOOTHING_STEPS = 3
+"""Window of the moving mean drawn over the training reward (one step's reward is a mean over few questions)."""
+FEW_EVALUATIONS = 5
+"""Up to this many held-out evaluations are drawn as points with error bars, not as a band."""
+
+
+def moving_mean(values: Sequence[float], window: int = SMOOTHING_STEPS) -> list[float]:
+    """The mean of each value and the ``window - 1`` before it (fewer at the start).
+
+    Example:
+        >>> moving_mean([0.0, 1.0, 2.0, 3.0], window=2)
+        [0.0, 0.5, 1.5, 2.5]
+    """
+    return [sum(values[max(0, i - window + 1): i + 1]) / len(values[max(0, i - window + 1): i + 1])
+            for i in range(len(values))]
+
+
+def curve_panels(runs: Mapping[str, Sequence[Mapping[str, Any]]],
+                 keys: Sequence[str] = MAIN_CURVES) -> tuple[list[str], dict[str, float]]:
+    """The keys worth a panel (present, and not one value throughout) and the constant ones with their value.
+
+    Example:
+        >>> curve_panels({"run": [{"step": 1, "a": 1.0, "b": 0.0}, {"step": 2, "a": 2.0, "b": 0.0}]}, ["a", "b"])
+        (['a'], {'b': 0.0})
+    """
+    panels, constant = [], {}
+    for key in keys:
+        values = {record[key] for records in runs.values() for record in records if record.get(key) is not None}
+        if len(values) > 1:
+            panels.append(key)
+        elif values:
+            constant[key] = float(values.pop())
+    return panels, constant
+
+
 def plot_curves(
     runs: Mapping[str, Sequence[Mapping[str, Any]]],
     path: str | os.PathLike[str],
@@ -147,7 +182,9 @@ def plot_curves(
     """Plot metric curves of one or more runs (label -> records) into a PNG grid; None when nothing to plot.
 
     ``heldout`` (label -> ``eval/metrics.jsonl`` records) adds a first panel: held-out accuracy with its
-    confidence band, next to the training reward.
+    confidence interval (error bars on points when there are few evaluations, else a band), next to the training
+    reward, drawn with its moving mean. A series that never changes gets no panel: a note under the grid says
+    "constant at X". The layout is constrained, so the figure title never covers a panel's.
     """
     import matplotlib
 
@@ -157,31 +194,41 @@ def plot_curves(
     heldout = {label: [r for r in records if r.get("eval/accuracy") is not None]
                for label, records in (heldout or {}).items()}
     heldout = {label: records for label, records in heldout.items() if records}
-    present = [key for key in keys
-               if any(record.get(key) is not None for records in runs.values() for record in records)]
+    present, constant = curve_panels(runs, keys)
     panels = (["held-out accuracy"] if heldout else []) + present
     if not panels:
         return None
     columns = min(3, len(panels))
     rows = math.ceil(len(panels) / columns)
-    figure, axes = plt.subplots(rows, columns, figsize=(4.2 * columns, 2.9 * rows), squeeze=False)
+    figure, axes = plt.subplots(rows, columns, figsize=(4.2 * columns, 2.9 * rows + (0.4 if constant else 0)),
+                                squeeze=False, layout="constrained")
     for axis, key in zip(axes.flat, panels, strict=False):  # the grid may have spare panels
         if key == "held-out accuracy":
             for label, records in heldout.items():
                 steps = [record["step"] for record in records]
-                line, = axis.plot(steps, [record["eval/accuracy"] for record in records], marker="o",
-                                  markersize=3, linewidth=1.5, label=label)
-                low = [record.get("eval/accuracy_ci_low", record["eval/accuracy"]) for record in records]
-                high = [record.get("eval/accuracy_ci_high", record["eval/accuracy"]) for record in records]
-                axis.fill_between(steps, low, high, color=line.get_color(), alpha=0.2, linewidth=0)
+                accuracy = [record["eval/accuracy"] for record in records]
+                low = [record.get("eval/accuracy_ci_low", value) for record, value in zip(records, accuracy)]
+                high = [record.get("eval/accuracy_ci_high", value) for record, value in zip(records, accuracy)]
+                if len(records) <= FEW_EVALUATIONS:
+                    axis.errorbar(steps, accuracy, yerr=[[a - lo for a, lo in zip(accuracy, low)],
+                                                         [hi - a for a, hi in zip(accuracy, high)]],
+                                  fmt="o", capsize=4, markersize=4, label=label)
+                else:
+                    line, = axis.plot(steps, accuracy, marker="o", markersize=3, linewidth=1.5, label=label)
+                    axis.fill_between(steps, low, high, color=line.get_color(), alpha=0.2, linewidth=0)
             axis.set_ylim(-0.02, 1.02)
+            axis.set_title("held-out accuracy (95% CI)", fontsize=9)
         else:
             for label, records in runs.items():
                 points = [(record["step"], record[key]) for record in records if record.get(key) is not None]
                 if points:
                     steps, values = zip(*points, strict=True)
-                    axis.plot(steps, values, marker="o", markersize=2.5, linewidth=1.3, label=label)
-        axis.set_title(key if key != "reward/mean" else "training reward (reward/mean)", fontsize=9)
+                    line, = axis.plot(steps, values, marker="o", markersize=2.5, linewidth=1.0, alpha=0.5,
+                                      label=label)
+                    if key == "reward/mean" and len(values) > SMOOTHING_STEPS:
+                        axis.plot(steps, moving_mean(values), linewidth=2.0, color=line.get_color())
+            axis.set_title(key if key != "reward/mean" else
+                           f"training reward (line: mean of {SMOOTHING_STEPS} steps)", fontsize=9)
         axis.set_xlabel("step", fontsize=8)
         axis.tick_params(labelsize=7)
         axis.grid(alpha=0.3)
@@ -191,7 +238,10 @@ def plot_curves(
         axes.flat[0].legend(fontsize=7)
     if title:
         figure.suptitle(title, fontsize=10)
-    figure.tight_layout()
+    if constant:
+        figure.supxlabel("constant throughout (no panel): " + ", ".join(f"{key} = {value:.3g}"
+                                                                        for key, value in constant.items()),
+                         fontsize=8)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=110)

@@ -51,19 +51,32 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
 
 
-def summary_table(history: list[dict], title: str):
-    """A rich table of the first, last and best values of the main metrics."""
+SUMMARY_FILE = "summary.txt"
+"""The run's console summary (the tables `rapo train` prints at the end), kept in the run folder."""
+
+
+def summary_table(history: list[dict], title: str, questions: int | None = None, rollouts: int | None = None):
+    """A rich table of the main training metrics: the moving mean of the first and of the last
+    `SMOOTHING_STEPS` steps, and the last step's value. One step's training reward is a mean over ``questions``
+    x ``rollouts`` episodes only, so a single step says little (the caption says so)."""
     from rich.table import Table
 
+    from rapo_agents.metrics import SMOOTHING_STEPS
+
+    window = SMOOTHING_STEPS
     table = Table(title=title)
-    for column in ("metric", "first step", "last step", "mean of last 3"):
+    for column in ("metric", f"first {window} steps (mean)", f"last {window} steps (mean)", "last step"):
         table.add_column(column, justify="right" if column != "metric" else "left")
     for key, label in SUMMARY_KEYS:
         values = [record[key] for record in history if record.get(key) is not None]
         if not values:
             continue
-        tail = values[-3:]
-        table.add_row(label, f"{values[0]:.3f}", f"{values[-1]:.3f}", f"{sum(tail) / len(tail):.3f}")
+        head, tail = values[:window], values[-window:]
+        table.add_row(label, f"{sum(head) / len(head):.3f}", f"{sum(tail) / len(tail):.3f}", f"{values[-1]:.3f}")
+    if questions is not None:
+        per_step = f"{questions} questions x {rollouts} rollouts" if rollouts else f"{questions} questions"
+        table.caption = (f"training metrics are over {per_step} per step, so one step's value is noisy: means of "
+                         f"{window} steps; the held-out table measures the policy")
     return table
 
 
@@ -128,7 +141,7 @@ def run(args: argparse.Namespace) -> int:
 
     from rapo_agents.config import check_config, load_config
 
-    console = Console()
+    console = Console(record=True)  # what it prints is also kept as the run folder's summary.txt
     if args.config is not None:
         checks.existing_file(args.config, "--config", "give a YAML config such as configs/grpo.yaml")
     config = load_config(args.config, args.overrides)
@@ -153,7 +166,8 @@ def run(args: argparse.Namespace) -> int:
                       f"folder again from scratch with logging.resume=false.")
         return 0
     if result.history:
-        console.print(summary_table(result.history, f"{mode} on {config.data.env_id} ({result.steps} steps)"))
+        console.print(summary_table(result.history, f"{mode} on {config.data.env_id} ({result.steps} steps)",
+                                    config.optim.train_batch_size, config.rollout.rollout_n))
     if len(result.heldout) >= 2:
         console.print(heldout_table(result))
     if result.profile:
@@ -164,4 +178,6 @@ def run(args: argparse.Namespace) -> int:
     console.print(f"checkpoint: {result.checkpoint}")
     if result.plot is not None:
         console.print(f"plot: {result.plot}")
+    console.print(f"summary: {result.output_dir / SUMMARY_FILE}")
+    console.save_text(str(result.output_dir / SUMMARY_FILE))
     return 130 if result.interrupted else 0

@@ -18,22 +18,6 @@ import pytest
 WAIT_S = 600  # the most a phase's log line may take on a loaded machine (a bound, not a timing)
 
 
-@pytest.fixture(scope="module")
-def tiny_model_dir(tmp_path_factory, small_policy):
-    folder = tmp_path_factory.mktemp("tiny-model")
-    for part in small_policy:  # the model and its tokenizer
-        part.save_pretrained(folder)
-    return folder
-
-
-def tiny_run(model_dir, output_dir, *overrides: str) -> list[str]:
-    return [sys.executable, "-m", "rapo_cli", "train", f"model.path={model_dir}", "model.trainable_layers=null",
-            f"logging.output_dir={output_dir}", "num_tasks=4", "train_batch_size=2", "ppo_mini_batch_size=2",
-            "rollout_n=2", "retrieval.enabled=false",
-            "logging.progress=false", "logging.tensorboard=false", "logging.plot=false",
-            "data.env_kwargs={sandbox: subprocess}", "rollout.policy=hf", *overrides]
-
-
 def start(command: list[str], cwd) -> subprocess.Popen:
     env = {**os.environ, "RAPO_DEBUG": "", "PYTHONUNBUFFERED": "1"}
     return subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -69,9 +53,9 @@ def trainer_state(output_dir) -> dict:
 
 
 def test_sigint_during_the_warm_up_stops_after_the_current_step_and_saves_a_resumable_checkpoint(
-        tiny_model_dir, tmp_path):
+        tiny_run, tmp_path):
     output_dir = tmp_path / "run"
-    process = start(tiny_run(tiny_model_dir, output_dir, "sft_steps=100000", "sft_batch_size=1",
+    process = start(tiny_run(output_dir, "sft_steps=100000", "sft_batch_size=1",
                              "num_expert_episodes=2"), tmp_path)
     wait_for_line(process, "warm-up: behaviour cloning")
     process.send_signal(signal.SIGINT)
@@ -83,9 +67,9 @@ def test_sigint_during_the_warm_up_stops_after_the_current_step_and_saves_a_resu
     assert state["warmup_done"] is False and 1 <= state["warmup_steps_done"] < 100000  # resume continues it
 
 
-def test_sigterm_during_the_step_0_evaluation_stops_it_and_keeps_the_warm_up(tiny_model_dir, tmp_path):
+def test_sigterm_during_the_step_0_evaluation_stops_it_and_keeps_the_warm_up(tiny_run, tmp_path):
     output_dir = tmp_path / "run"
-    process = start(tiny_run(tiny_model_dir, output_dir, "sft_steps=1", "sft_batch_size=1", "num_expert_episodes=2",
+    process = start(tiny_run(output_dir, "sft_steps=1", "sft_batch_size=1", "num_expert_episodes=2",
                              "evaluation.heldout_tasks=5000", "evaluation.max_eval_tokens=512"), tmp_path)
     wait_for_line(process, "held-out evaluation at step 0")
     process.send_signal(signal.SIGTERM)
@@ -96,12 +80,12 @@ def test_sigterm_during_the_step_0_evaluation_stops_it_and_keeps_the_warm_up(tin
     assert state["step"] == 0 and state["warmup_done"] is True  # the next run skips the warm-up
 
 
-def test_a_second_run_in_the_same_folder_is_refused_naming_the_folder_and_the_fix(tiny_model_dir, tmp_path):
+def test_a_second_run_in_the_same_folder_is_refused_naming_the_folder_and_the_fix(tiny_run, tmp_path):
     from rapo_agents.run_control import RunFolderLock
 
     output_dir = tmp_path / "run"
     with RunFolderLock(output_dir):  # as a first `rapo train` holds it
-        result = subprocess.run(tiny_run(tiny_model_dir, output_dir), capture_output=True, text=True,
+        result = subprocess.run(tiny_run(output_dir), capture_output=True, text=True,
                                 timeout=WAIT_S, cwd=tmp_path, env={**os.environ, "RAPO_DEBUG": ""})
     assert result.returncode == 2, result.stderr[-3000:]
     lines = result.stderr.strip().splitlines()
