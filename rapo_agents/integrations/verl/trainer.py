@@ -99,6 +99,9 @@ def mean_or_zero(values: torch.Tensor) -> float:
 class RapoPPOTrainer(PPOTrainerSync):
     """verl's synchronous trainer whose advantage step is RAPO's (see the module docstring)."""
 
+    fidelity: str = "paper"
+    """``rapo.fidelity`` (`rapo_fidelity`); every rollout's record must carry the same."""
+
     def __init__(self, config: Any):
         algorithm = config.algorithm
         if algorithm.adv_estimator != ESTIMATOR_NAME:
