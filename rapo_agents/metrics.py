@@ -207,11 +207,12 @@ def plot_curves(
             for label, records in heldout.items():
                 steps = [record["step"] for record in records]
                 accuracy = [record["eval/accuracy"] for record in records]
-                low = [record.get("eval/accuracy_ci_low", value) for record, value in zip(records, accuracy)]
-                high = [record.get("eval/accuracy_ci_high", value) for record, value in zip(records, accuracy)]
+                pairs = list(zip(records, accuracy, strict=True))
+                low = [record.get("eval/accuracy_ci_low", value) for record, value in pairs]
+                high = [record.get("eval/accuracy_ci_high", value) for record, value in pairs]
                 if len(records) <= FEW_EVALUATIONS:
-                    axis.errorbar(steps, accuracy, yerr=[[a - lo for a, lo in zip(accuracy, low)],
-                                                         [hi - a for a, hi in zip(accuracy, high)]],
+                    axis.errorbar(steps, accuracy, yerr=[[a - lo for a, lo in zip(accuracy, low, strict=True)],
+                                                         [hi - a for a, hi in zip(accuracy, high, strict=True)]],
                                   fmt="o", capsize=4, markersize=4, label=label)
                 else:
                     line, = axis.plot(steps, accuracy, marker="o", markersize=3, linewidth=1.5, label=label)

@@ -10,10 +10,8 @@ import os
 import select
 import signal
 import subprocess
-import sys
 import time
 
-import pytest
 
 WAIT_S = 600  # the most a phase's log line may take on a loaded machine (a bound, not a timing)
 
