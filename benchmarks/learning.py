@@ -155,9 +155,56 @@ def summarize(task: str, setting: str, seed: int, method: str, folder: Path) -> 
         "train_reward": mean_of("reward/mean"),
         "rollout_s_per_step": mean_of("time/rollout_s"),
         "update_s_per_step": mean_of("time/update_s"),
-        "mechanism": {key.removeprefix("mechanism/"): mean_of(key) for key in mechanism_keys},
+        "mechanism": {**{key.removeprefix("mechanism/"): mean_of(key) for key in mechanism_keys},
+                      **(within_group_splice_effect(folder) if method != "GRPO" else {}),
+                      **(splice_relevance(folder) if task == "qa" and method != "GRPO" else {})},
         "seconds": done["seconds"], "load_average": done["load_average"],
     }
+
+
+def splice_relevance(folder: Path) -> dict:
+    """QA only: how many splices came from the question's own expert chain (their ``<search>`` names an entity of
+    its relation chain) rather than a neighbouring question's, and the reward of the rollouts holding each kind."""
+    import re
+
+    from rapo_agents.config import load_config
+    from rapo_env.tasks.knowledge_base import KnowledgeBase
+
+    knowledge_base = load_config(str(folder / "config.yaml"), []).data.env_kwargs.get("knowledge_base") or {}
+    chains = {task.id: set(task.metadata["search_queries"]) for task in KnowledgeBase.generate(0, **knowledge_base)
+              .split("train")}
+    kinds: dict[str, list[float]] = {"on_chain": [], "off_chain": []}
+    for line in (folder / "trajectories.jsonl").read_text(encoding="utf-8").splitlines():
+        trajectory = json.loads(line)
+        for step in trajectory["steps"]:
+            found = re.search(r"<search>(.*?)</search>", (step.get("retrieval") or {}).get("text", ""))
+            if found:
+                kind = "on_chain" if found.group(1).strip() in chains.get(trajectory["task_id"], ()) else "off_chain"
+                kinds[kind].append(float(trajectory["reward"]))
+    total = sum(len(rewards) for rewards in kinds.values())
+    return {"splices_on_chain": len(kinds["on_chain"]) / total if total else float("nan"),
+            "reward_after_on_chain_splice": nanmean(kinds["on_chain"]),
+            "reward_after_off_chain_splice": nanmean(kinds["off_chain"])}
+
+
+def within_group_splice_effect(folder: Path) -> dict:
+    """Reward of spliced rollouts minus that of the unspliced rollouts of the same group (same question, same
+    step), averaged over the groups that hold both: the comparison of the paper's Fig. 3 without the confound that
+    splices happen more on longer, harder questions. Also the share of each kind that the response budget cut."""
+    groups: dict[tuple[int, str], dict[bool, list[float]]] = {}
+    cut: dict[bool, list[float]] = {True: [], False: []}  # rollouts cut by the response budget
+    block, last = 0, None
+    for line in (folder / "trajectories.jsonl").read_text(encoding="utf-8").splitlines():
+        trajectory = json.loads(line)
+        if trajectory["task_id"] != last and trajectory["rollout_index"] == 0:
+            block += 1  # a new group starts with rollout 0
+        last = trajectory["task_id"]
+        spliced = any(step.get("retrieval") for step in trajectory["steps"])
+        groups.setdefault((block, last), {True: [], False: []})[spliced].append(float(trajectory["reward"]))
+        cut[spliced].append(float(trajectory["end_reason"] == "length"))
+    deltas = [statistics.fmean(g[True]) - statistics.fmean(g[False]) for g in groups.values() if g[True] and g[False]]
+    return {"within_group_spliced_minus_unspliced_reward": nanmean(deltas), "groups_with_both": float(len(deltas)),
+            "length_cut_spliced": nanmean(cut[True]), "length_cut_unspliced": nanmean(cut[False])}
 
 
 def mean_and_interval(values: list[float]) -> tuple[float, float]:

@@ -69,6 +69,7 @@ def test_every_method_of_a_seed_resumes_from_one_shared_warm_up(learning, tiny_m
     assert (folders["RAPO"] / learning.DONE).stat().st_mtime_ns == finished
 
     runs = [learning.summarize("math-multistep", "warm-up", 0, method, folder) for method, folder in folders.items()]
-    assert "spliced_reward" in runs[1]["mechanism"] and runs[0]["heldout"][0] == runs[1]["heldout"][0]
+    assert {"spliced_reward", "within_group_spliced_minus_unspliced_reward"} <= set(runs[1]["mechanism"])
+    assert runs[0]["heldout"][0] == runs[1]["heldout"][0]
     (comparison,) = learning.against(runs, "RAPO", "GRPO")
     assert comparison["seeds"] == 1 and comparison["pairs"] == 3
