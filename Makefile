@@ -24,14 +24,28 @@ print(" ".join(dict.fromkeys(flags)))
 endef
 export UV_FLAGS_PY
 
+TORCH  := 2.13.0
+# The local CPU wheel of torch $(TORCH) in pip's find-links folders, if one is there.
+define TORCH_WHEEL_PY
+import glob, subprocess
+listed = subprocess.run(["python3", "-m", "pip", "config", "list"], capture_output=True, text=True).stdout
+folders = [item for line in listed.splitlines() if line.partition("=")[0].endswith("find-links")
+           for item in line.partition("=")[2].strip().strip("'\"").split()]
+print(next((path for folder in folders for path in sorted(glob.glob(f"{folder}/torch-$(TORCH)+cpu-*.whl"))), ""))
+endef
+export TORCH_WHEEL_PY
+
 setup: $(STAMP)
 
 # Idempotent: redone only when the venv is missing or the dependencies changed.
 # pip installs uv and torch; uv (several times faster than pip at resolving and installing) the rest.
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || python3 -m venv $(VENV)
-	# The CPU build of torch that lies on this machine's disk (pip's find-links); any other version pulls CUDA wheels.
-	$(PIP) install -q uv torch==2.13.0
+	$(PIP) install -q uv
+	# The CPU build of torch that lies on this machine's disk (in pip's find-links); any other version pulls CUDA
+	# wheels. uv installs that very file (from its cache: seconds), or pip finds it where no such folder is named.
+	wheel=$$(python3 -c "$$TORCH_WHEEL_PY"); if [ -n "$$wheel" ]; then $(UV) pip install -q --python $(PY) \
+	  $$(python3 -c "$$UV_FLAGS_PY") "$$wheel"; else $(PIP) install -q torch==$(TORCH); fi
 	# Two resolves, so that `pip check` passes: gem-llm (dev) asks antlr4 4.13 through math-verify's extra and
 	# hydra-core (verl) asks 4.9, which no single resolve allows; math-verify runs on either. uv keeps the installed
 	# torch (it satisfies every requirement, and nothing asks for an upgrade).
