@@ -46,7 +46,8 @@ class TrainBatch:
     loss_mask: torch.Tensor
     """``[B, T]`` 1 on policy-generated tokens only."""
     old_logprobs: torch.Tensor
-    """``[B, T]`` log-probs of the tokens under the rollout policy (0 off the loss mask)."""
+    """``[B, T]`` ``logp_old`` of the PPO ratio (0 off the loss mask): the sampler's log-probs as collected, or the
+    trained module's when the trainer recomputes them (`rapo_agents.update.recompute_logprobs`)."""
     advantages: torch.Tensor
     """``[B]`` RAPO advantage of each rollout."""
     f_ret: torch.Tensor
@@ -63,6 +64,10 @@ class TrainBatch:
     """``[B]`` mean ``H_post`` (the first policy step's entropy after a splice) over the same; NaN for none."""
     prompt_lengths: torch.Tensor
     """``[B]`` tokens of each prompt."""
+    sampler_logprobs: torch.Tensor | None = None
+    """``[B, T]`` the log-probs the sampler reported (0 off the loss mask), kept when ``old_logprobs`` is
+    recomputed: the sampler-mismatch correction (``algorithm.rollout_correction``) weighs each token by
+    ``exp(old_logprobs - sampler_logprobs)``. None (a batch built by hand): no correction is possible."""
 
     @property
     def lengths(self) -> torch.Tensor:
@@ -74,14 +79,15 @@ class TrainBatch:
         rows = torch.as_tensor(rows, dtype=torch.long)
         width = int(self.lengths[rows].max().item()) if len(rows) else 0
         return TrainBatch(**{
-            field.name: (value[rows, :width] if value.dim() == 2 else value[rows])
+            field.name: (None if value is None else value[rows, :width] if value.dim() == 2 else value[rows])
             for field in dataclasses.fields(self)
             for value in [getattr(self, field.name)]
         })
 
     def to(self, device: torch.device | str) -> TrainBatch:
         """The same batch on ``device``."""
-        return TrainBatch(**{field.name: getattr(self, field.name).to(device) for field in dataclasses.fields(self)})
+        return TrainBatch(**{field.name: None if value is None else value.to(device)
+                             for field in dataclasses.fields(self) for value in [getattr(self, field.name)]})
 
 
 def build_batch(
@@ -123,4 +129,5 @@ def build_batch(
         entropy_pre=entropy_pre.where(scored > 0, torch.nan),
         entropy_post=entropy_post.where(scored > 0, torch.nan),
         prompt_lengths=tensors["prompt_lengths"],
+        sampler_logprobs=tensors["old_logprobs"].clone(),  # kept apart: the trainer may replace old_logprobs
     )

@@ -5,7 +5,8 @@ The functions follow the paper's order (spec ``rapo-algorithm.md`` §5-7) and it
 1. step entropies ``H(s)`` (§5): :func:`step_entropy_paper`, :func:`step_entropy_reference`;
 2. retrieval reward ``Z_ret`` (§5): :func:`retrieval_entropy_pairs`, :func:`retrieval_reward`;
 3. advantages (§6): :func:`group_normalize` (``A_acc`` and ``A_ret``), :func:`fused_advantage`, :func:`rapo_advantages`;
-4. importance shaping and loss (§7): :func:`retrieval_fraction` (``F_ret``), :func:`rapo_policy_loss`.
+4. importance shaping and loss (§7): :func:`retrieval_fraction` (``F_ret``), :func:`rapo_policy_loss`;
+5. sampler-mismatch correction (not in the spec; TRL's and verl's): :func:`rollout_correction_weights`.
 
 Every function works on any device and dtype, takes padded batches, and never loops over tokens
 in Python, so other trainers (verl, TRL, skrl) can call them as they are.
@@ -30,6 +31,7 @@ import torch
 
 Fidelity = Literal["paper", "reference"]
 LossWeighting = Literal["token_mean", "micro_batch_mean"]
+RolloutCorrection = Literal["none", "tis", "mis"]
 
 #: Added to the denominators of the spec's normalisations (§5 dH, §6 std).
 EPS = 1e-6
@@ -84,6 +86,19 @@ class RAPOConfig:
     micro-batch's own token mean, weighted by its share of the mini-batch's sequences, so a token in a
     micro-batch of short rows weighs more."""
 
+    rollout_correction: RolloutCorrection = "none"
+    """Correction for sampling from another engine than the trained module (an int8 or vLLM sampler), with the
+    per-token ratio ``w = exp(logp_old - logp_sampler)`` of the trainer's recomputed ``logp_old`` to the sampler's
+    log-prob, multiplying each token's policy-gradient loss (:func:`rollout_correction_weights`). ``none``: no
+    weight (the loss is unchanged). ``tis``: truncated IS, ``min(w, cap)`` (TRL ``token_truncate``, verl
+    ``rollout_is=token``). ``mis``: masked IS, ``w`` where ``1/cap <= w <= cap``, else 0 (verl's token-level mask).
+    It only acts when ``logp_old`` is recomputed (``optim.recompute_old_logprobs``, or automatically for a policy
+    with inexact log-probs); otherwise ``w = 1``."""
+
+    rollout_correction_cap: float = 2.0
+    """The cap of ``rollout_correction`` (> 1): TIS truncates ``w`` at it, MIS keeps ``w`` in ``[1/cap, cap]``.
+    2.0 is the default of TRL's ``vllm_importance_sampling_cap`` and of verl's ``rollout_is_threshold``."""
+
     def __post_init__(self) -> None:
         if self.fidelity not in ("paper", "reference"):
             raise ValueError(f"fidelity must be 'paper' or 'reference', got {self.fidelity!r}")
@@ -94,6 +109,12 @@ class RAPOConfig:
             raise ValueError(f"clip_ratio_c must be > 1 (dual clip), got {self.clip_ratio_c}")
         if self.loss_weighting not in ("token_mean", "micro_batch_mean"):
             raise ValueError(f"loss_weighting must be 'token_mean' or 'micro_batch_mean', got {self.loss_weighting!r}")
+        if self.rollout_correction not in ("none", "tis", "mis"):
+            raise ValueError(f"rollout_correction must be 'none', 'tis' or 'mis', got {self.rollout_correction!r}")
+        if not (math.isfinite(self.rollout_correction_cap) and self.rollout_correction_cap > 1.0):
+            raise ValueError(
+                f"rollout_correction_cap must be a finite number > 1 (TIS truncates the sampler ratio at it, MIS "
+                f"keeps it in [1/cap, cap]), got {self.rollout_correction_cap}")
 
     @property
     def entropy_estimator(self) -> Literal["paper", "reference"]:
@@ -407,6 +428,7 @@ def rapo_policy_loss(
     ref_logp: torch.Tensor | None = None,
     entropies: torch.Tensor | None = None,
     token_normalizer: float | torch.Tensor | None = None,
+    rollout_weights: torch.Tensor | None = None,
 ) -> LossOutput:
     """RAPO's shaped, asymmetric- and dual-clipped policy loss, token-mean over policy tokens (§7).
 
@@ -429,6 +451,8 @@ def rapo_policy_loss(
         token_normalizer: divide the token sum by this instead of ``mask.sum()``; a trainer that
             accumulates gradients over micro-batches passes the token count of the whole mini-batch
             so that the accumulated loss is the mini-batch's token mean.
+        rollout_weights: ``[B, T]`` sampler-mismatch weights (:func:`rollout_correction_weights`, detached) that
+            multiply each token's clipped policy-gradient loss, not the KL or entropy terms; None: no weight.
 
     Example:
         >>> logp = torch.zeros(1, 3, requires_grad=True)
@@ -442,6 +466,9 @@ def rapo_policy_loss(
             f"logp_new, logp_old and mask must have one shape, got {tuple(logp_new.shape)}, "
             f"{tuple(logp_old.shape)}, {tuple(mask.shape)}"
         )
+    if rollout_weights is not None and rollout_weights.shape != mask.shape:
+        raise ValueError(f"rollout_weights must have the shape of mask {tuple(mask.shape)}, "
+                         f"got {tuple(rollout_weights.shape)}")
     if config.kl_coef > 0 and ref_logp is None:
         raise ValueError("kl_coef > 0 needs ref_logp")
     if config.entropy_coef > 0 and entropies is None:
@@ -467,6 +494,11 @@ def rapo_policy_loss(
     clip_loss = torch.maximum(unclipped, clipped)
     dual_bound = -advantages * config.clip_ratio_c
     token_loss = torch.where(advantages < 0, torch.minimum(clip_loss, dual_bound), clip_loss)
+    if rollout_weights is not None:
+        # After the (dual) clip, as TRL (`per_token_loss * importance_sampling_ratio`) and verl
+        # (`pg_losses * rollout_is_weights`) apply it: the weight corrects the sampling distribution, the clip
+        # bounds the update.
+        token_loss = token_loss * rollout_weights.detach().to(work)
     policy_loss = token_mean(token_loss)
 
     loss = policy_loss
@@ -496,3 +528,96 @@ def rapo_policy_loss(
         entropy=entropy.detach(),
         **stats,
     )
+
+
+# ----------------------------------------------------------------------------------------------
+# Sampler-mismatch correction (not in the spec: TRL's and verl's truncated / masked importance sampling)
+
+#: ``|logp_old - logp_sampler|`` is clamped to this before ``exp`` (verl's ``SAFETY_BOUND``): the weight stays
+#: finite, and TIS / MIS cut it at the cap anyway.
+LOG_RATIO_BOUND = 20.0
+
+
+@dataclass
+class RolloutCorrectionOutput:
+    """What :func:`rollout_correction_weights` returns: per-token weights and detached statistics."""
+
+    weights: torch.Tensor
+    """``[B, T]`` the weight of each loss token's policy-gradient loss (0 off the mask)."""
+    kl_k1: torch.Tensor
+    """Token mean of ``logp_sampler - logp_old``: the k1 estimate of ``KL(pi_sampler || pi_trainer)`` (can be < 0)."""
+    kl_k3: torch.Tensor
+    """Token mean of ``w - 1 - log w``: the k3 estimate of ``KL(pi_sampler || pi_trainer)`` (>= 0)."""
+    truncated_fraction: torch.Tensor
+    """Share of loss tokens with ``w > cap``, which TIS truncates."""
+    masked_fraction: torch.Tensor
+    """Share of loss tokens with ``w`` outside ``[1/cap, cap]``, which MIS masks."""
+    weight_mean: torch.Tensor
+    """Token mean of the weights (1 for ``none``)."""
+
+
+def rollout_correction_weights(
+    trainer_old_logprobs: torch.Tensor,
+    sampler_logprobs: torch.Tensor,
+    mask: torch.Tensor,
+    mode: RolloutCorrection = "tis",
+    cap: float = 2.0,
+) -> RolloutCorrectionOutput:
+    """Per-token weights that correct for sampling from another engine than the trained module.
+
+    ``w = exp(logp_old - logp_sampler)`` is the ratio of the trainer's recomputed ``logp_old`` to the sampler's
+    log-prob of each sampled token. ``tis`` (truncated IS): ``min(w, cap)``, as TRL's
+    ``vllm_importance_sampling_mode="token_truncate"`` (``vllm_importance_sampling_cap``, default 2) and verl's
+    ``rollout_is=token`` (``rollout_is_threshold``, default 2; formerly ``tis_imp_ratio_cap``). ``mis`` (masked
+    IS): ``w`` where ``1/cap <= w <= cap``, else 0, as verl's token-level mask with its default lower threshold
+    ``1/upper``; TRL's ``token_mask`` masks only ``w > cap`` (one-sided). A masked token stays in the loss's
+    token count, as in TRL (verl also drops it from the denominator). ``none``: weight 1.
+
+    Args:
+        trainer_old_logprobs: ``[B, T]`` ``logp_old`` recomputed by the trained module.
+        sampler_logprobs: ``[B, T]`` the log-probs the sampler reported for the same tokens.
+        mask: ``[B, T]`` 1 on the policy's tokens (the loss mask).
+        mode: ``none``, ``tis`` or ``mis``.
+        cap: the truncation / masking threshold, > 1.
+
+    Example:
+        >>> trainer = torch.log(torch.tensor([[0.9, 0.5, 0.1, 0.5]]))
+        >>> sampler = torch.log(torch.tensor([[0.3, 0.5, 0.5, 0.5]]))   # w = 3, 1, 0.2 and (off the mask) 1
+        >>> mask = torch.tensor([[1, 1, 1, 0]])
+        >>> [round(w, 4) for w in rollout_correction_weights(trainer, sampler, mask, "tis", 2.0).weights[0].tolist()]
+        [2.0, 1.0, 0.2, 0.0]
+        >>> rollout_correction_weights(trainer, sampler, mask, "mis", 2.0).weights[0].tolist()
+        [0.0, 1.0, 0.0, 0.0]
+    """
+    if mode not in ("none", "tis", "mis"):
+        raise ValueError(f"mode must be 'none', 'tis' or 'mis', got {mode!r}")
+    if not (math.isfinite(cap) and cap > 1.0):
+        raise ValueError(f"cap must be a finite number > 1, got {cap}")
+    if not (trainer_old_logprobs.shape == sampler_logprobs.shape == mask.shape):
+        raise ValueError(
+            "trainer_old_logprobs, sampler_logprobs and mask must have one shape, got "
+            f"{tuple(trainer_old_logprobs.shape)}, {tuple(sampler_logprobs.shape)}, {tuple(mask.shape)}"
+        )
+    work = torch.promote_types(trainer_old_logprobs.dtype, torch.float32)
+    with torch.no_grad():
+        mask = mask.to(work)
+        log_ratio = (trainer_old_logprobs.to(work) - sampler_logprobs.to(work)) * mask
+        log_ratio = log_ratio.clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)
+        ratio = torch.exp(log_ratio)
+        above = ratio > cap
+        outside = above | (ratio < 1.0 / cap)
+        if mode == "tis":
+            weights = ratio.clamp(max=cap)
+        elif mode == "mis":
+            weights = torch.where(outside, torch.zeros_like(ratio), ratio)
+        else:
+            weights = torch.ones_like(ratio)
+        weights = weights * mask
+        return RolloutCorrectionOutput(
+            weights=weights,
+            kl_k1=masked_mean(-log_ratio, mask),
+            kl_k3=masked_mean(ratio - 1.0 - log_ratio, mask),
+            truncated_fraction=masked_mean(above.to(work), mask),
+            masked_fraction=masked_mean(outside.to(work), mask),
+            weight_mean=masked_mean(weights, mask),
+        )

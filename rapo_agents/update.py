@@ -27,7 +27,16 @@ import torch
 import torch.nn.functional as F
 
 from rapo_agents.batch import TrainBatch
-from rapo_agents.rapo import LossWeighting, RAPOConfig, rapo_policy_loss, token_entropy_from_logits
+from rapo_agents.rapo import (
+    LossWeighting,
+    RAPOConfig,
+    rapo_policy_loss,
+    rollout_correction_weights,
+    token_entropy_from_logits,
+)
+
+#: The `ppo_update` statistics under ``rollout_correction/`` (`rapo_agents.rapo.RolloutCorrectionOutput`'s fields).
+ROLLOUT_CORRECTION_STATS = ("kl_k1", "kl_k3", "truncated_fraction", "masked_fraction", "weight_mean")
 
 
 @dataclasses.dataclass
@@ -170,6 +179,12 @@ def ppo_update(
     tokens, whatever the micro-batch split (or verl's weighting, ``config.loss_weighting``, see
     `micro_batch_weight`). A step whose gradient norm is not finite is skipped (and counted)
     instead of corrupting the weights.
+
+    With ``config.rollout_correction`` ``tis`` or ``mis``, each token's policy-gradient loss is weighted by
+    the truncated or masked ratio of ``logp_old`` (recomputed by the trainer) to the sampler's log-prob
+    (`rapo_agents.rapo.rollout_correction_weights`). Whatever the mode, ``rollout_correction/*`` reports the
+    sampler/trainer KL (k1 and k3 estimates of ``KL(pi_sampler || pi_trainer)``), the shares of tokens TIS would
+    truncate and MIS would mask, and the mean weight, when the batch has its ``sampler_logprobs``.
     """
     device = next(model.parameters()).device
     model.train()
@@ -195,14 +210,25 @@ def ppo_update(
                                                           micro.attention_mask, first).logprobs
                 old_logprobs = (current.logprobs.detach() * micro.loss_mask if settings.old_logprobs_from_current
                                 else micro.old_logprobs)
+                correction = None
+                if micro.sampler_logprobs is not None:
+                    correction = rollout_correction_weights(
+                        old_logprobs, micro.sampler_logprobs, micro.loss_mask, config.rollout_correction,
+                        config.rollout_correction_cap)
+                elif config.rollout_correction != "none":
+                    raise ValueError(f"rollout_correction={config.rollout_correction} needs the batch's "
+                                     "sampler_logprobs (build it with rapo_agents.batch.build_batch)")
                 out = rapo_policy_loss(
                     current.logprobs, old_logprobs, micro.advantages, micro.loss_mask, micro.f_ret,
                     config, ref_logp=reference, entropies=current.entropies,
+                    rollout_weights=None if config.rollout_correction == "none" else correction.weights,
                 )
                 share = micro_batch_weight(config.loss_weighting, micro.loss_mask, batch.loss_mask[rows])
                 (out.loss * share).backward()
                 for name in ("policy_loss", "clip_fraction", "dual_clip_fraction", "approx_kl", "kl", "entropy"):
                     totals[f"loss/{name}"].append(getattr(out, name).item() * share)
+                for name in ROLLOUT_CORRECTION_STATS if correction is not None else ():
+                    totals[f"rollout_correction/{name}"].append(getattr(correction, name).item() * share)
                 tokens += int(micro.attention_mask.sum().item())
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), settings.grad_clip)
             if torch.isfinite(grad_norm):
@@ -213,7 +239,8 @@ def ppo_update(
     optimizer.zero_grad(set_to_none=True)
     seconds = time.perf_counter() - started
     steps = max(1, len(totals["optim/grad_norm"]))
-    stats = {key: sum(values) / (steps if key.startswith("loss/") else len(values)) for key, values in totals.items()}
+    stats = {key: sum(values) / (steps if key.startswith(("loss/", "rollout_correction/")) else len(values))
+             for key, values in totals.items()}
     stats["optim/steps"] = float(steps)
     stats["optim/skipped_steps"] = float(skipped)
     stats["throughput/update_tokens_per_s"] = tokens / max(seconds, 1e-9)
