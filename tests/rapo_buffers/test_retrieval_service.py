@@ -28,7 +28,8 @@ def test_sidecar_records_model_count_and_normalisation(scripted_buffer, gsm8k_bu
         sidecar = load_sidecar(buffer.index_path)
         assert sidecar["count"] == len(buffer.traces) and sidecar["model"] == "all-MiniLM-L6-v2"
         assert sidecar["config"]["kind"] == kind and sidecar["normalization"]["max_chars"] == 1300
-        assert sidecar["encoder"] == {"pooling": "model", "max_length": None, "truncation_side": "left"}
+        assert sidecar["encoder"] == {"pooling": "model", "max_length": None, "truncation_side": "left",
+                                      "position_ids": "own"}
     assert load_sidecar(scripted_buffer.index_path)["config"]["ef_search"] == 128
 
 
