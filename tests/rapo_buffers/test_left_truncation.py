@@ -43,7 +43,8 @@ def test_an_index_records_its_encoder_and_queries_follow_it(tmp_path, embedder):
     corpus, index = tmp_path / "buffer.jsonl", tmp_path / "buffer.index"
     write_buffer(corpus, traces)
     build_step_index(traces, index, embedder, IndexConfig(kind="flat"), corpus, encoder=ENCODINGS["reference"])
-    assert load_sidecar(index)["encoder"] == {"pooling": "last_token", "max_length": 512, "truncation_side": "left"}
+    assert load_sidecar(index)["encoder"] == {"pooling": "last_token", "max_length": 512, "truncation_side": "left",
+                                              "position_ids": "own"}
     retriever = InProcessRetriever.from_files(corpus, index, embedder)  # a mean-pooling embedder is handed in
     assert retriever.embedder.encoder == ENCODINGS["reference"] and retriever.embedder.model is embedder.model
     assert retriever.retrieve([traces[0].key], topk=1)[0][0].score == pytest.approx(1.0, abs=1e-4)

@@ -63,13 +63,13 @@ def test_envs_has_no_empty_cell():
     assert "search" in web["tools"] and "browse" in web["tools"]
 
 
-def test_make_setup_installs_with_uv_and_keeps_the_local_cpu_torch_that_pip_installs_first():
+def test_make_setup_installs_the_local_cpu_torch_first_then_resolves_twice_with_uv():
     dry_run = subprocess.run(["make", "-n", "-B", "setup"], cwd=ROOT, capture_output=True, text=True,
                              check=True).stdout.splitlines()
-    torch_line = next(i for i, line in enumerate(dry_run) if "pip install" in line and "torch==" in line)
-    uv_lines = [i for i, line in enumerate(dry_run) if "uv pip install" in line]
-    assert len(uv_lines) == 2 and torch_line < uv_lines[0]  # verl's resolve is the second one
-    assert not any("torch" in dry_run[i] for i in uv_lines)  # uv never chooses torch (it would take CUDA's)
+    torch_line = next(i for i, line in enumerate(dry_run) if "torch==" in line)  # the local wheel, or pip's
+    resolves = [i for i, line in enumerate(dry_run) if "uv pip install" in line and "-e '." in line]
+    assert len(resolves) == 2 and torch_line < resolves[0]  # verl's resolve is the second one
+    assert not any("torch" in dry_run[i] for i in resolves)  # uv never chooses torch (it would take CUDA's)
     assert "--reinstall" not in " ".join(dry_run) and "--upgrade" not in " ".join(dry_run)
     makefile = (ROOT / "Makefile").read_text()
     assert "unsafe-best-match" in makefile and "pip\", \"config\", \"list\"" in makefile
