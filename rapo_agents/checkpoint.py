@@ -30,8 +30,6 @@ import pickle
 import random
 import re
 import shutil
-import signal
-import threading
 import warnings
 from pathlib import Path
 from typing import Any
@@ -233,40 +231,3 @@ def load_weights(model: torch.nn.Module, folder: str | os.PathLike[str]) -> None
         raise CheckpointError(f"{file} does not fit the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
     if tied and hasattr(model, "tie_weights"):
         model.tie_weights()
-
-
-class GracefulInterrupt:
-    """Turn the first SIGINT/SIGTERM into a flag that a training loop checks between steps.
-
-    The loop then saves a checkpoint and returns; a second signal interrupts at once
-    (KeyboardInterrupt). Only the main thread can install handlers; elsewhere this is a no-op.
-
-    Example:
-        >>> with GracefulInterrupt() as interrupt:
-        ...     interrupt.requested
-        False
-    """
-
-    SIGNALS = (signal.SIGINT, signal.SIGTERM)
-
-    def __init__(self) -> None:
-        self.requested = False
-        self.signal_name: str | None = None
-        self._previous: dict[int, Any] = {}
-
-    def _handle(self, signum: int, frame: Any) -> None:
-        if self.requested:
-            raise KeyboardInterrupt
-        self.requested = True
-        self.signal_name = signal.Signals(signum).name
-
-    def __enter__(self) -> GracefulInterrupt:
-        if threading.current_thread() is threading.main_thread():
-            for signum in self.SIGNALS:
-                self._previous[signum] = signal.signal(signum, self._handle)
-        return self
-
-    def __exit__(self, *exc_info: Any) -> None:
-        for signum, handler in self._previous.items():
-            signal.signal(signum, handler)
-        self._previous.clear()

@@ -15,7 +15,6 @@ from rapo_agents.checkpoint import (
     WEIGHTS_FILE,
     CheckpointError,
     CheckpointManager,
-    GracefulInterrupt,
     load_weights,
     rng_state,
     set_rng_state,
@@ -121,15 +120,6 @@ def test_sampler_resume_is_exact_across_epochs():
     assert [again.next_batch() for _ in range(2)] == batches[3:]
     with pytest.raises(ValueError):
         QuestionSampler(num_tasks=7, batch_size=3, seed=5).load_state_dict(state)
-
-
-def test_graceful_interrupt_turns_the_first_signal_into_a_flag():
-    with GracefulInterrupt() as interrupt:
-        os.kill(os.getpid(), signal.SIGTERM)
-        assert interrupt.requested and interrupt.signal_name == "SIGTERM"
-        with pytest.raises(KeyboardInterrupt):
-            os.kill(os.getpid(), signal.SIGINT)
-    assert signal.getsignal(signal.SIGTERM) is not interrupt._handle
 
 
 # Malformed pickles (the red team's): each makes torch's weights-only unpickler raise something other than an
