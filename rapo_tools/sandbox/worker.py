@@ -442,9 +442,10 @@ def _hand_over(child, code):
         os.close(child.code_w)
 
 
-def _collect(child, deadline, cap):
+def _collect(child, pidfd, deadline, cap):
     """Read the child's stdout/stderr until it reports its status, exits, passes the cap or the deadline.
 
+    ``pidfd`` is the child's pidfd, or None when the child was already gone before it got its code.
     Returns the output buffers, the reported status (None when the child reported none) and the
     timed-out and truncated flags.
     """
@@ -456,27 +457,25 @@ def _collect(child, deadline, cap):
         os.set_blocking(fd, False)
         poller.register(fd, select.POLLIN)
     poller.register(child.status_r, select.POLLIN)
-    pidfd = os.pidfd_open(child.pid)
-    poller.register(pidfd, select.POLLIN)
+    if pidfd is not None:
+        poller.register(pidfd, select.POLLIN)
     status = None
-    exited = timed_out = truncated = False
-    try:
-        while status is None and not (exited or truncated):  # the code may close its output and keep working
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                timed_out = True
-                break
-            for fd, _ in poller.poll(remaining * 1000):
-                if fd == child.status_r:
-                    status = _read_status(fd, poller)
-                elif fd == pidfd:
-                    exited = True  # data the child wrote is already in the pipes: drain below
-                elif fd in open_fds:
-                    truncated |= _drain(fd, buffers[fd], cap, open_fds, poller)
-        if (status is not None or exited) and not truncated:
-            truncated = _drain_rest(poller, buffers, cap, open_fds)
-    finally:
-        os.close(pidfd)
+    exited = pidfd is None
+    timed_out = truncated = False
+    while status is None and not (exited or truncated):  # the code may close its output and keep working
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            timed_out = True
+            break
+        for fd, _ in poller.poll(remaining * 1000):
+            if fd == child.status_r:
+                status = _read_status(fd, poller)
+            elif fd == pidfd:
+                exited = True  # data the child wrote is already in the pipes: drain below
+            elif fd in open_fds:
+                truncated |= _drain(fd, buffers[fd], cap, open_fds, poller)
+    if (status is not None or exited) and not truncated:
+        truncated = _drain_rest(poller, buffers, cap, open_fds)
     return buffers, status, timed_out, truncated
 
 
@@ -527,11 +526,19 @@ def _drain_rest(poller, buffers, cap, open_fds):
 def _execute(child, request, template):
     """Run ``request`` in the waiting ``child``; returns the reply and whether the child is reaped yet."""
     deadline = time.monotonic() + float(request["timeout_s"])
+    try:
+        # Opened before the hand-over: a child that fails at once would otherwise be reaped by the
+        # template before its pidfd exists (ProcessLookupError).
+        pidfd = os.pidfd_open(child.pid)
+    except ProcessLookupError:
+        pidfd = None  # it died while waiting for its code: its wait status tells how
     _hand_over(child, request["code"])
     status = None
     try:
-        buffers, status, timed_out, truncated = _collect(child, deadline, int(request["max_output_bytes"]))
+        buffers, status, timed_out, truncated = _collect(child, pidfd, deadline, int(request["max_output_bytes"]))
     finally:
+        if pidfd is not None:
+            os.close(pidfd)
         try:
             os.killpg(child.pid, signal.SIGKILL)  # its session, even when it exited: leftovers go too
         except (ProcessLookupError, PermissionError):

@@ -95,3 +95,10 @@ def test_code_that_closes_its_output_may_keep_working(sandbox):
     code = "import os, time\nprint('first', flush=True)\nos.close(1)\nos.close(2)\ntime.sleep(0.3)\nos._exit(0)"
     result = sandbox.run_sync(code)
     assert result.ok and result.text == "first\n"
+
+
+def test_code_that_exits_at_once_is_reported_by_its_own_status_call_after_call(single_worker_sandbox):
+    # The child can exit and be reaped before the worker looks at it: each call must still read as the code's
+    # own exit, never as a lost worker.
+    results = [single_worker_sandbox.run_sync("import os\nos._exit(7)") for _ in range(150)]
+    assert [r.error for r in results if "status 7" not in r.text] == []
