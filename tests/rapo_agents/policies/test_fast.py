@@ -4,6 +4,10 @@ stated tolerance), weight sync after updates, the factory's choice, and the trai
 from __future__ import annotations
 
 import copy
+import json
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -19,7 +23,7 @@ SAMPLED = SamplingParams(temperature=1.0, max_new_tokens=24, stop=(), seed=7)
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=16, stop=())
 
 INT8_MEAN_TOLERANCE = 0.35
-"""Mean |log-prob diff| per sampled token allowed for int8 decoding of SmolLM2 (measured ~0.15)."""
+"""Mean |log-prob diff| per sampled token allowed for int8 decoding of SmolLM2 (measured ~0.17)."""
 
 
 @pytest.fixture
@@ -147,3 +151,47 @@ def test_smollm2_int8_agrees_with_the_reference_within_tolerance(smollm2, smollm
         chosen = logprobs[len(context) - 1 : -1].gather(-1, torch.tensor(generation.token_ids)[:, None])
         diffs.append((torch.tensor(generation.logprobs) - chosen.squeeze(-1)).abs())
     assert float(torch.cat(diffs).mean()) < INT8_MEAN_TOLERANCE
+
+
+@pytest.mark.slow
+def test_smollm2_int8_rows_decode_alike_whatever_else_is_in_their_batch(smollm2, smollm2_chat):
+    def fresh():  # its own policy each: nothing one generation leaves behind can reach the other
+        return FastPolicy(smollm2.model, smollm2.tokenizer, weight_format="int8")
+
+    question = smollm2_chat("What is 17 * 23? Use python.")
+    others = [smollm2_chat("Name the capital of Australia and its population."), smollm2_chat("Hi")]
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=24, stop=())
+    alone = fresh().generate([question], greedy)[0]
+    together = fresh().generate([others[0], question, others[1]], greedy)[1]  # padded, beside longer rows
+    assert together.token_ids == alone.token_ids
+    assert together.logprobs == alone.logprobs  # each row is quantized on its own range: exactly equal
+
+
+ISA_PROBE = """
+import json, torch
+torch.set_num_threads(1)
+from rapo_agents.policies import SamplingParams
+from rapo_agents.policies.fast import FastPolicy
+policy = FastPolicy.from_pretrained(weight_format="int8")
+context = policy.tokenizer.apply_chat_template([{"role": "user", "content": "What is 17 * 23? Use python."}],
+                                               add_generation_prompt=True, tokenize=True)
+context = context if isinstance(context, list) else context["input_ids"]
+generation = policy.generate([context], SamplingParams(temperature=0.0, max_new_tokens=24, stop=()))[0]
+print(json.dumps([generation.token_ids, generation.logprobs]))
+"""
+
+
+def int8_decoding_with_fbgemm_isa(isa: str | None) -> list:
+    env = {k: v for k, v in os.environ.items() if k != "FBGEMM_ENABLE_INSTRUCTIONS"}
+    if isa:
+        env["FBGEMM_ENABLE_INSTRUCTIONS"] = isa  # read by fbgemm when torch loads
+    done = subprocess.run([sys.executable, "-c", ISA_PROBE], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.slow
+def test_smollm2_int8_gives_the_same_tokens_and_logprobs_on_fbgemms_avx2_kernels():
+    # On a VNNI CPU the default kernels add u8 x s8 products straight into int32; the AVX2 ones go through
+    # saturating int16 pairs. Bit-identical outputs mean no sum saturated (on an AVX2-only CPU both runs are AVX2).
+    assert int8_decoding_with_fbgemm_isa("AVX2") == int8_decoding_with_fbgemm_isa(None)
