@@ -11,6 +11,15 @@ Because the decoder rounds weights, its log-probs differ slightly from the train
 recomputes the old log-probs with the trained module (`rapo_agents.update.rollout_logprob_correction`).
 Sampling settings, seeds, stop strings, top-k log-probs and entropies behave as in `HFPolicy`.
 
+Prefix caching: a multi-turn episode asks for each turn with the previous turn's context, its generated tokens
+and what the env appended, and the rows of a batch share their system prompt. The policy keeps the KV of the
+sequences it decoded in a bounded LRU store (`rapo_agents.policies.prefix_cache.PrefixCache`, cleared at every
+repack) and prefills only what follows a context's longest stored prefix; a prefix that rows of one batch
+share is prefilled once for them all. ``prefill_stats`` counts the prompt tokens prefilled and reused. With
+fp32 weights the results equal those without the store (up to float rounding). int8 rounds every activation, so
+the float-level differences of another forward layout flip some roundings: its results move within int8's usual
+error, as they do when the same context is decoded in another batch.
+
 Example:
     >>> policy = FastPolicy.from_pretrained()                     # doctest: +SKIP
     >>> ids = policy.tokenizer.encode("The capital of France is")  # doctest: +SKIP
@@ -28,7 +37,14 @@ import torch
 from rapo_agents.policies.base import Generation, SamplingParams
 from rapo_agents.policies.decoding import Row, max_stop_chars, step_rows
 from rapo_agents.policies.hf import HFPolicy
-from rapo_agents.policies.llama_decoder import LlamaDecoder, check_supported, default_weight_format, input_maxima
+from rapo_agents.policies.llama_decoder import (
+    KVCache,
+    LlamaDecoder,
+    check_supported,
+    default_weight_format,
+    input_maxima,
+)
+from rapo_agents.policies.prefix_cache import Match, PrefillStats, PrefixCache, shared_prefixes
 
 CALIBRATION_TEXT = (
     "Solve the task. Think step by step, call tools when they help, and give the final answer.\n"
@@ -41,6 +57,15 @@ CALIBRATION_TEXT = (
 
 CACHE_CHUNK = 256
 """KV cache slots added at a time: enough for most turns, so a batch rarely grows its cache."""
+
+DEFAULT_PREFIX_CACHE_BYTES = 1 << 30
+"""The prefix store's default budget: 1 GiB holds about 23k tokens of SmolLM2-135M's float32 KV (30 layers x 3
+KV heads x 64 dims x keys and values x 4 bytes = 46 KB a token), e.g. the live turns of 64 episodes of 360
+tokens; the int8 and fp32 formats keep float32 KV, bf16 half of that."""
+
+MIN_SHARED_TOKENS = 32
+"""Shortest prefix of several rows that is prefilled once on its own: below it, the extra forward costs about what
+it saves."""
 
 
 def supports(model: Any) -> bool:
@@ -66,17 +91,22 @@ class FastPolicy(HFPolicy):
             training run the sandbox workers, encoders and verifiers run while the policy decodes, and on 2
             shared cores a second OpenMP thread halved batch-1 speed (``benchmarks/generation.py --threads 1 2``);
             the update, when nothing else runs, keeps the process's own setting.
+        prefix_cache_bytes: budget of the `PrefixCache` of decoded sequences' KV, in bytes (0: no prefix caching,
+            every context is prefilled whole); see `DEFAULT_PREFIX_CACHE_BYTES`.
     """
 
     exact_logprobs = False
     """Its log-probs come from rounded weights: a trainer recomputes them with the trained module."""
 
     def __init__(self, model: Any, tokenizer: Any, max_batch_size: int = 32, weight_format: str | None = None,
-                 recalibrate_every: int = 8, threads: int | None = 1):
+                 recalibrate_every: int = 8, threads: int | None = 1,
+                 prefix_cache_bytes: int = DEFAULT_PREFIX_CACHE_BYTES):
         if recalibrate_every < 1:
             raise ValueError(f"recalibrate_every must be >= 1, got {recalibrate_every}")
         if threads is not None and threads < 1:
             raise ValueError(f"threads must be >= 1 or None, got {threads}")
+        if prefix_cache_bytes < 0:
+            raise ValueError(f"prefix_cache_bytes must be >= 0 (0 turns prefix caching off), got {prefix_cache_bytes}")
         super().__init__(model, tokenizer, max_batch_size=max_batch_size)
         self.recalibrate_every, self.threads = recalibrate_every, threads
         self._repacks = 0
@@ -84,6 +114,10 @@ class FastPolicy(HFPolicy):
         self.decoder = LlamaDecoder(model.config, weight_format or default_weight_format(self.device), self.device)
         self.name = f"fast-{self.decoder.weight_format}:{self.name.removeprefix('hf:')}"
         self._calibration = torch.tensor([tokenizer.encode(CALIBRATION_TEXT)], device=self.device)
+        self.prefix_cache = PrefixCache(prefix_cache_bytes)
+        """KV of recently decoded sequences, whose prefixes later contexts skip; emptied at every repack."""
+        self.prefill_stats = PrefillStats()
+        """Prompt tokens prefilled and reused, summed over every `generate` call."""
         self.repack()
 
     @classmethod
@@ -108,6 +142,7 @@ class FastPolicy(HFPolicy):
             with self._inference():
                 self._maxima = input_maxima(self.model, self._calibration)
         self.decoder.load_from(self.model, self._maxima)
+        self.prefix_cache.clear()  # KV computed with the old weights
         self._repacks += 1
         self._packed_version = self._weights_version()
 
@@ -144,23 +179,12 @@ class FastPolicy(HFPolicy):
         live = [i for i, row in enumerate(rows) if row.finish is None]
         if not live:
             return [row.to_generation(self.tokenizer) for row in rows]
-        contexts = [contexts[i] for i in live]
-        width = max(len(c) for c in contexts)
-        input_ids = torch.full((len(live), width), self.pad_token_id, dtype=torch.long)
-        valid = torch.zeros((len(live), width), dtype=torch.bool)
-        for slot, context in enumerate(contexts):
-            input_ids[slot, width - len(context):] = torch.tensor(context)
-            valid[slot, width - len(context):] = True
-        input_ids, valid = input_ids.to(device), valid.to(device)
-        positions = (valid.long().cumsum(-1) - 1).clamp(min=0)
-        next_position = positions[:, -1:] + 1
-
-        cache = self.decoder.new_cache(len(live), width + min(max(budgets), CACHE_CHUNK))
-        logits = self.decoder.forward(input_ids, positions, cache, 0, valid)
-        written = width
+        cache, logits, written = self._prefill([contexts[i] for i in live], spare=min(max(budgets), CACHE_CHUNK))
+        next_position = torch.tensor([[len(contexts[i])] for i in live], device=device)
         stop_chars = max_stop_chars(params)
         while True:
             tokens, still_live = step_rows(rows, live, logits, self.tokenizer, self.eos_token_ids, stop_chars)
+            self._remember(cache, live, still_live, contexts, rows)
             if not still_live:
                 break
             if len(still_live) < len(live):
@@ -176,3 +200,63 @@ class FastPolicy(HFPolicy):
             written += 1
             next_position = next_position + 1
         return [row.to_generation(self.tokenizer) for row in rows]
+
+    # ---- prefix caching ------------------------------------------------------------------------------
+
+    def _prefill(self, contexts: list[list[int]], spare: int) -> tuple[KVCache, torch.Tensor, int]:
+        """Prefill each context after its longest stored prefix: the cache, each row's last logits, slots used."""
+        self.prefill_stats.prompt_tokens += sum(len(c) for c in contexts)
+        if self.prefix_cache.max_bytes:
+            self._prefill_shared(contexts)
+        # At least the last token runs, for its logits.
+        matches = [self.prefix_cache.lookup(c, limit=len(c) - 1) for c in contexts]
+        self.prefill_stats.reused_tokens += sum(m.length for m in matches if m is not None)
+        return self._forward_after(contexts, matches, spare)
+
+    def _prefill_shared(self, contexts: list[list[int]]) -> None:
+        """Prefill once, and store, each prefix that several of ``contexts`` share and the store lacks."""
+        missing = [prefix for prefix in shared_prefixes(contexts, MIN_SHARED_TOKENS)
+                   if (match := self.prefix_cache.lookup(prefix)) is None or match.length < len(prefix)]
+        if not missing:
+            return
+        self._prefill_shared(missing)  # what they share among themselves first (the system prompt of a batch)
+        matches = [self.prefix_cache.lookup(p, limit=len(p) - 1) for p in missing]
+        cache, _, _ = self._forward_after(missing, matches, spare=0)
+        for slot, prefix in enumerate(missing):
+            self.prefix_cache.insert(prefix, *cache.row_kv(slot))
+
+    def _forward_after(self, contexts: list[list[int]], matches: list[Match | None], spare: int
+                       ) -> tuple[KVCache, torch.Tensor, int]:
+        """One prefill forward of what follows each context's ``match``, in a new cache with ``spare`` free slots.
+
+        A row's stored prefix ends at slot ``head`` (the longest stored prefix of the batch) and its new tokens
+        end at ``head + width`` (the most new tokens of a row): the slots before each part are invalid and
+        masked, and RoPE positions are given per token, so the rows need not line up.
+        """
+        reused = [m.length if m is not None else 0 for m in matches]
+        head = max(reused)
+        width = max(len(c) - k for c, k in zip(contexts, reused, strict=True))
+        cache = self.decoder.new_cache(len(contexts), head + width + spare)
+        input_ids = torch.full((len(contexts), width), self.pad_token_id, dtype=torch.long)
+        valid = torch.zeros((len(contexts), width), dtype=torch.bool)
+        for slot, (context, match, length) in enumerate(zip(contexts, matches, reused, strict=True)):
+            if match is not None:
+                cache.place(slot, head - length, match.keys, match.values)
+            input_ids[slot, width - len(context) + length:] = torch.tensor(context[length:])
+            valid[slot, width - len(context) + length:] = True
+        positions = (valid.long().cumsum(-1) - 1).clamp(min=0) + torch.tensor(reused)[:, None]
+        self.prefill_stats.prefilled_tokens += int(valid.sum())
+        device = self.device
+        logits = self.decoder.forward(input_ids.to(device), positions.to(device), cache, head, valid.to(device))
+        return cache, logits, head + width
+
+    def _remember(self, cache: KVCache, live: list[int], still_live: list[int], contexts: list[list[int]],
+                  rows: list[Row]) -> None:
+        """Store the KV of the rows that just finished: their context and every generated token but the last
+        (which was sampled, never fed)."""
+        if not self.prefix_cache.max_bytes:
+            return
+        going_on = set(still_live)
+        for slot, index in enumerate(live):
+            if slot not in going_on:
+                self.prefix_cache.insert(list(contexts[index]) + rows[index].tokens[:-1], *cache.row_kv(slot))

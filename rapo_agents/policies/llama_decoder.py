@@ -191,6 +191,22 @@ class KVCache:
         return KVCache(pad(self.keys), pad(self.values),
                        torch.cat([self.valid, self.valid.new_zeros(self.valid.shape[0], slots)], dim=1), self.padded)
 
+    def place(self, row: int, slot: int, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """Write stored ``keys`` and ``values`` (``[layers, kv_heads, tokens, head_dim]``) of one row from ``slot`` on.
+
+        Their RoPE is already applied at their own positions, so they may sit anywhere before the row's next
+        tokens: the slots between stay invalid, and `LlamaDecoder.forward` masks them like padding.
+        """
+        end = slot + keys.shape[2]
+        self.keys[:, row, :, slot:end] = keys
+        self.values[:, row, :, slot:end] = values
+        self.valid[row, slot:end] = True
+
+    def row_kv(self, row: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Copies of one row's keys and values at its valid slots in order: ``[layers, kv_heads, tokens, head_dim]``."""
+        valid = self.valid[row]
+        return self.keys[:, row][:, :, valid], self.values[:, row][:, :, valid]
+
 
 class LlamaDecoder:
     """Inference weights of a Llama-family model, packed for decoding; `load_from` refreshes them after an update.
@@ -313,8 +329,9 @@ class LlamaDecoder:
         end = start + seq
         groups = self.heads // self.kv_heads
         cache.valid[:, start:end] = valid
-        if start == 0:
-            cache.padded = not bool(valid.all())
+        # Recounted at every call (cheap): a prefill after `KVCache.place` leaves gaps mid-row, and rows that
+        # leave the batch may take the last padding with them.
+        cache.padded = not bool(cache.valid[:, :end].all())
         # Causal over the written slots; padding slots are never attended to, except each by itself, so that
         # no query row is fully masked (SDPA would give NaN, and NaN times a zero weight poisons real rows).
         # A decode step without padding needs no mask at all (SDPA is faster without one).

@@ -1,0 +1,131 @@
+"""Cost of the shipped held-out evaluation with FastPolicy's prefix cache on and off (issue #30, points 2 and 4).
+
+The workload is what `make run` evaluates right after its warm-up: ``configs/default.yaml`` (SmolLM2-135M-Instruct
+on procedural math, RAPO-Math-v0 with the python tool), its supervised warm-up run once, then the trainer's own
+`HeldoutEvaluator` (greedy, the first ``--questions`` questions of the test split, the training engine and
+policy). Systems, interleaved over ``--rounds`` rounds (`_rounds.interleaved_rounds`):
+
+- ``cache off``: every turn re-prefills its whole context (``prefix_cache_bytes=0``, the old behaviour);
+- ``cache on``: the default `PrefixCache` (`rapo_agents.policies.fast.DEFAULT_PREFIX_CACHE_BYTES`);
+- ``cache on, batch 64``: the same with ``max_batch_size=64``, so that the engine's 64 concurrent episodes
+  decode as one batch instead of two of 32.
+
+Reported per system: eval wall time, prompt tokens prefilled and reused per episode, the time inside
+``generate`` and in env steps, generated tokens per episode and the accuracy (which must not move: fp32
+caching is exact, int8 moves within its error). Figures are medians with min-max, beside the load average
+and the CPU model; `benchmarks/results/eval_cost.json` (``eval_cost_<format>.json``) gets them all.
+
+Run: ``nice -n 10 python benchmarks/eval_cost.py`` (``--quick``: 24 questions, 2 rounds; ``--weight-format fp32``
+to see caching leave every verdict as it was).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # see tests/conftest.py: spinning threads on a busy machine
+
+from _report import report
+from _rounds import interleaved_rounds, show, spread
+from rapo_agents.config import load_config
+from rapo_agents.policies.fast import DEFAULT_PREFIX_CACHE_BYTES, FastPolicy
+from rapo_agents.policies.prefix_cache import PrefixCache
+from rapo_agents.trainer import RAPOTrainer
+
+SYSTEMS = {"cache off": (0, 32), "cache on": (DEFAULT_PREFIX_CACHE_BYTES, 32),
+           "cache on, batch 64": (DEFAULT_PREFIX_CACHE_BYTES, 64)}
+"""name -> (prefix cache bytes, max_batch_size)."""
+
+
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo``), as ``lscpu`` prints it."""
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            for line in cpuinfo:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown"
+
+
+def warmed_up_trainer(questions: int, output_dir: str, weight_format: str | None) -> RAPOTrainer:
+    """The default run's trainer right after its warm-up (retrieval off: evaluation never retrieves), decoding with
+    ``weight_format`` (None: the shipped policy's)."""
+    config = load_config("configs/default.yaml", [
+        "retrieval.enabled=false", "logging.progress=false", "logging.tensorboard=false",
+        f"logging.output_dir={output_dir}", f"evaluation.heldout_tasks={questions}"])
+    trainer = RAPOTrainer(config)
+    trainer.warm_up()
+    if weight_format is not None:  # before the held-out evaluator is built: it takes the trainer's policy
+        trainer.policy = FastPolicy(trainer.model, trainer.tokenizer, weight_format=weight_format)
+    return trainer
+
+
+def evaluate(trainer: RAPOTrainer, cache_bytes: int, batch_size: int) -> dict:
+    """One held-out evaluation with a fresh prefix store of ``cache_bytes``; its cost per episode."""
+    policy, evaluator = trainer.policy, trainer.heldout
+    policy.prefix_cache, policy.max_batch_size = PrefixCache(cache_bytes), batch_size
+    before = policy.prefill_stats.as_dict()
+    result = evaluator.evaluate(0, show_progress=False)
+    stats, after = evaluator.engine.stats, policy.prefill_stats.as_dict()
+    episodes = len(result.correct)
+    return {
+        "wall_s": result.metrics["time/eval_s"],
+        "prompt_tokens": (after["prompt_tokens"] - before["prompt_tokens"]) / episodes,
+        "prefilled_tokens": (after["prefilled_tokens"] - before["prefilled_tokens"]) / episodes,
+        "reused_tokens": (after["reused_tokens"] - before["reused_tokens"]) / episodes,
+        "generate_s": stats.generate_s, "env_step_s": stats.env_step_s, "generate_calls": stats.generate_calls,
+        "generated_tokens": stats.generated_tokens / episodes,
+        "accuracy": result.metrics["eval/accuracy"], "tool_calls": result.metrics["eval/tool_calls"],
+        "correct": result.correct,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--questions", type=int, default=100, help="held-out questions (the default run's 100)")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--quick", action="store_true", help="24 questions, 2 rounds")
+    parser.add_argument("--weight-format", choices=["int8", "bf16", "fp32"], default=None,
+                        help="decode with this FastPolicy format (default: the shipped policy's); fp32 shows that "
+                             "caching leaves every verdict as it was")
+    args = parser.parse_args()
+    questions, rounds = (24, 2) if args.quick else (args.questions, args.rounds)
+    with tempfile.TemporaryDirectory() as output_dir:
+        trainer = warmed_up_trainer(questions, output_dir, args.weight_format)
+        print(f"policy {trainer.policy.name}, {questions} held-out questions, {rounds} rounds")
+        results, loads = interleaved_rounds(
+            {name: lambda b=bytes_, s=size: evaluate(trainer, b, s) for name, (bytes_, size) in SYSTEMS.items()},
+            rounds)
+        trainer.heldout.close()
+    reference = results["cache off"][0]["correct"]
+    rows = []
+    for name, runs in results.items():
+        figures = {key: spread([run[key] for run in runs]) for key in runs[0] if key != "correct"}
+        agree = min(sum(a == b for a, b in zip(run["correct"], reference, strict=True)) for run in runs)
+        rows.append({"system": name, "eval s": show(figures["wall_s"]),
+                     "prompt tok/episode": show(figures["prompt_tokens"], 0),
+                     "prefilled tok/episode": show(figures["prefilled_tokens"], 0),
+                     "reused tok/episode": show(figures["reused_tokens"], 0),
+                     "generate s": show(figures["generate_s"]), "env step s": show(figures["env_step_s"]),
+                     "generate calls": show(figures["generate_calls"], 0),
+                     "generated tok/episode": show(figures["generated_tokens"], 0),
+                     "accuracy": show(figures["accuracy"], 3), "same verdicts": f"{agree}/{len(reference)}",
+                     "figures": figures})
+    load = spread(loads)
+    cpu = cpu_model()
+    columns = [c for c in rows[0] if c != "figures"]
+    name = "eval_cost" if args.weight_format is None else f"eval_cost_{args.weight_format}"
+    report(name, f"held-out eval of configs/default.yaml after its warm-up, {questions} questions, "
+           f"{rounds} rounds, load {show(load, 2)}, {cpu}", columns, rows,
+           {"cpu_model": cpu, "load_average": load, "questions": questions, "rounds": rounds,
+            "policy": trainer.policy.name, "threads": trainer.policy.threads})
+
+
+if __name__ == "__main__":
+    main()
