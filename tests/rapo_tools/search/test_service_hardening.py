@@ -188,17 +188,22 @@ def test_a_client_holding_too_many_connections_is_refused_and_the_others_are_not
         assert answer.status_code == 200
 
 
-def test_256_concurrent_clients_are_all_served(hardened_server):
-    async def main():
+def test_256_concurrent_clients_are_all_served(hotpotqa_index, embedder):
+    # The shipped connection limits, not the fixture's 1.5 s header timeout: 256 connects at once on a loaded
+    # 2-core machine can keep a connection's headers unread longer than that, and a 408 is then right.
+    app = create_wiki_search_app(WikiSearch.load(hotpotqa_index, embedder=embedder))
+
+    async def main(url):
         limits = httpx.Limits(max_connections=256)
-        async with httpx.AsyncClient(base_url=hardened_server, timeout=120, limits=limits) as client:
+        async with httpx.AsyncClient(base_url=url, timeout=120, limits=limits) as client:
             return await asyncio.gather(
                 *(client.post("/wikiSearch", json={"queries": [f"{VALID_QUERIES[i % 4]} {i}"]}) for i in range(256))
             )
 
-    answers = asyncio.run(main())
-    assert [answer.status_code for answer in answers] == [200] * 256
-    assert httpx.get(f"{hardened_server}/health", timeout=30).json()["status"] == "ok"
+    with serve_in_thread(app) as url:
+        answers = asyncio.run(main(url))
+        assert [answer.status_code for answer in answers] == [200] * 256
+        assert httpx.get(f"{url}/health", timeout=30).json()["status"] == "ok"
 
 
 def test_the_in_process_search_tool_refuses_a_bad_query_alone(embedder):
