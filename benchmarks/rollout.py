@@ -13,7 +13,7 @@ a load swing hits both sides; figures are medians with min-max, beside the load 
 3. Share of wall time spent generating, engine against naive loop, for episodes whose turns are
    paced by real SmolLM2 decoding (each scripted turn costs a batched decode of 8/16 tokens) and
    whose tool calls take ~1 s (like a web search or page fetch).
-4. The Ray column: part 1's scripted workload on Ray rollout workers (1 and 2; `make_rollout_engine`)
+4. The Ray column: part 1's scripted workload on Ray rollout workers (1 and 2; `rapo_agents.backends.make_engine`)
    against the local engine at the same concurrency. Every engine first plays one warm-up group, so
    Ray's cluster and actor start-up (reported apart) is not counted in episodes/s. Skipped with
    ``--no-ray`` or when the ``[ray]`` extra is missing.
@@ -64,14 +64,15 @@ def run_engine(policy, episodes: int, config: RolloutConfig) -> dict:
     return stats
 
 
-def measure_engine(backend: str, episodes: int, concurrency: int, **ray_options) -> dict:
-    """Episodes/s of the scripted workload on ``make_rollout_engine(backend, ...)``, after one warm-up group."""
-    from rapo_agents.integrations.ray_rollout import make_rollout_engine
+def measure_engine(backend: str, episodes: int, concurrency: int, num_workers: int = 1) -> dict:
+    """Episodes/s of the scripted workload on the ``backend`` engine (`make_engine`), after one warm-up group."""
+    from rapo_agents.backends import make_engine
+    from rapo_agents.config import RayConfig
 
-    config = RolloutConfig(max_concurrent_episodes=concurrency, rollout_n=1)
+    config = RolloutConfig(backend=backend, max_concurrent_episodes=concurrency, rollout_n=1)
     started = time.perf_counter()
-    with make_rollout_engine(backend, "RAPO-Math-v0", ScriptedPolicy(TURNS), config, ENV_KWARGS,
-                             **ray_options) as engine:
+    with make_engine("RAPO-Math-v0", ScriptedPolicy(TURNS), config, ENV_KWARGS,
+                     ray=RayConfig(num_workers=num_workers)) as engine:
         engine.run([0])  # warm-up: actors, env pools, interpreter caches
         startup = time.perf_counter() - started
         trajectories = engine.run([q % 64 for q in range(episodes)])

@@ -9,10 +9,19 @@ the rollout policy, the retriever of hybrid rollouts and the rollout engine, and
 - `RayBackend` (``rollout.backend=ray``): rollouts on Ray workers, each with a replica of the weights (or one
   shared `PolicyActor`); the default in-process buffer is served to them by Ray Serve, since it does not pickle.
 
+`make_engine` is the one place that turns ``rollout.backend`` into an engine, for the backends and for anyone
+who wants an engine without a trainer.
+
 Example:
     >>> from rapo_agents.config import load_config
     >>> type(make_backend(load_config(None, []), model=None, tokenizer=None)).__name__
     'LocalBackend'
+    >>> from rapo_agents.policies import ScriptedPolicy
+    >>> policy = ScriptedPolicy(["<python>\\nprint(2 + 2)\\n</python>", "<answer>\\\\boxed{4}</answer>"])
+    >>> with make_engine("RAPO-Math-v0", policy, RolloutConfig(rollout_n=2),  # backend="ray" after ray.init
+    ...                  env_kwargs={"num_tasks": 4, "sandbox": "subprocess"}) as engine:
+    ...     [(t.end_reason, t.num_tool_calls) for t in engine.run([0])]
+    [('answer', 1), ('answer', 1)]
 """
 
 from __future__ import annotations
@@ -22,8 +31,31 @@ import functools
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from rapo_agents.config import ConfigError, TrainConfig
-from rapo_agents.rollout import RolloutEngine
+from rapo_agents.config import ConfigError, RayConfig, TrainConfig
+from rapo_agents.rollout import RolloutConfig, RolloutEngine
+from rapo_agents.rollout.branching import ARPOConfig
+
+
+def make_engine(env: Any, policy: Any, config: RolloutConfig | None = None, env_kwargs: dict[str, Any] | None = None,
+                wrappers: Sequence[Callable[[Any], Any]] = (), arpo: ARPOConfig | None = None,
+                ray: RayConfig | None = None) -> Any:
+    """The rollout engine that ``config.backend`` names: a `RolloutEngine` in this process (``local``), or a
+    `RayRolloutEngine` with the API of one over ``ray``'s workers (``ray``; call ``ray.init`` first).
+
+    Args:
+        env, policy, config, env_kwargs, wrappers, arpo: as for `RolloutEngine` (with Ray, ``policy`` may also be
+            a factory or a `PolicyActor` handle, and everything must pickle).
+        ray: the workers of the ``ray`` backend (default `RayConfig`); the local engine ignores it.
+    """
+    config = config or RolloutConfig()
+    if config.backend == "local":
+        return RolloutEngine(env, policy, config, env_kwargs, wrappers, arpo=arpo)
+    from rapo_agents.integrations.ray_rollout import RayRolloutEngine
+
+    ray = ray or RayConfig()
+    return RayRolloutEngine(
+        env, policy, config, env_kwargs, wrappers, arpo=arpo, num_workers=ray.num_workers,
+        worker_options={"num_cpus": ray.num_cpus_per_worker, "num_gpus": ray.num_gpus_per_worker})
 
 
 class LocalBackend:
@@ -63,7 +95,8 @@ class LocalBackend:
     def make_engine(self, env: Any, env_kwargs: dict[str, Any] | None, policy: Any,
                     wrappers: Sequence[Callable[[Any], Any]]) -> Any:
         """The rollout engine over ``env`` (an id with its keyword arguments, or a factory)."""
-        return RolloutEngine(env, policy, self.config.rollout, env_kwargs, wrappers, arpo=self.config.arpo)
+        config = self.config
+        return make_engine(env, policy, config.rollout, env_kwargs, wrappers, arpo=config.arpo, ray=config.ray)
 
     @contextlib.contextmanager
     def updating(self, policy: Any) -> Iterator[None]:
@@ -122,12 +155,7 @@ class RayBackend(LocalBackend):
 
     def make_engine(self, env: Any, env_kwargs: dict[str, Any] | None, policy: Any,
                     wrappers: Sequence[Callable[[Any], Any]]) -> Any:
-        from rapo_agents.integrations.ray_rollout import RayRolloutEngine
-
-        config = self.config
-        engine = RayRolloutEngine(
-            env, policy, config.rollout, env_kwargs, wrappers, arpo=config.arpo, num_workers=config.ray.num_workers,
-            worker_options={"num_cpus": config.ray.num_cpus_per_worker, "num_gpus": config.ray.num_gpus_per_worker})
+        engine = super().make_engine(env, env_kwargs, policy, wrappers)
         engine.sync_weights(self.model)  # replicas start untrained
         return engine
 

@@ -15,14 +15,7 @@
 - `serve_retrieval` runs the step-trace ``/retrieve`` service as a Ray Serve deployment; envs
   reach it by URL exactly like a plain ``rapo buffer serve`` server.
 
-Example (``"local"`` runs in this process; ``"ray"`` takes the same call after ``ray.init``):
-    >>> from rapo_agents.policies import ScriptedPolicy
-    >>> from rapo_agents.rollout import RolloutConfig
-    >>> policy = ScriptedPolicy(["<python>\\nprint(2 + 2)\\n</python>", "<answer>\\\\boxed{4}</answer>"])
-    >>> with make_rollout_engine("local", "RAPO-Math-v0", policy, RolloutConfig(rollout_n=2),
-    ...                          env_kwargs={"num_tasks": 4, "sandbox": "subprocess"}) as engine:
-    ...     [(t.end_reason, t.num_tool_calls) for t in engine.run([0])]
-    [('answer', 1), ('answer', 1)]
+`rapo_agents.backends.make_engine` builds either engine from ``rollout.backend`` (``local`` or ``ray``).
 """
 
 from __future__ import annotations
@@ -40,9 +33,6 @@ from rapo_agents.policies.base import Generation, Policy, SamplingParams
 from rapo_agents.rollout import RolloutConfig, RolloutEngine, RolloutStats
 from rapo_agents.rollout.branching import ARPOConfig
 from rapo_env.trajectory import Trajectory
-
-BACKENDS = ("local", "ray")
-"""Values of ``rollout.backend``: the in-process engine or Ray workers."""
 
 PolicySpec = Any
 """A `Policy`, a zero-argument callable returning one, or a `PolicyActor` handle."""
@@ -255,29 +245,6 @@ class RayRolloutEngine:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def make_rollout_engine(
-    backend: str,
-    env: str | Callable[[], gym.Env],
-    policy: PolicySpec,
-    config: RolloutConfig | None = None,
-    env_kwargs: dict[str, Any] | None = None,
-    wrappers: Sequence[Callable[[gym.Env], gym.Env]] = (),
-    arpo: ARPOConfig | None = None,
-    **ray_options: Any,
-) -> RolloutEngine | RayRolloutEngine:
-    """The engine for ``rollout.backend``: ``local`` (`RolloutEngine`) or ``ray`` (`RayRolloutEngine`).
-
-    ``ray_options`` (``num_workers``, ``worker_options``) only apply to ``ray``.
-    """
-    if backend == "local":
-        if ray_options:
-            raise ValueError(f"{sorted(ray_options)} only apply to the ray backend")
-        return RolloutEngine(env, resolve_policy(policy), config, env_kwargs, wrappers, arpo=arpo)
-    if backend == "ray":
-        return RayRolloutEngine(env, policy, config, env_kwargs, wrappers, arpo=arpo, **ray_options)
-    raise ValueError(f"rollout backend must be one of {BACKENDS}, got {backend!r}")
 
 
 def serve_retrieval(

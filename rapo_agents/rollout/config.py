@@ -2,7 +2,7 @@
 
 The trainer reads it as ``TrainConfig.rollout`` (YAML section ``rollout:``) and hands it to the engine unchanged;
 `RolloutEngine` reads the generation and scheduling fields, whoever builds the engine reads ``backend`` and
-``policy`` (`rapo_agents.integrations.ray_rollout.make_rollout_engine`), and ``max_tool_calls`` is the env's limit.
+``policy`` (`rapo_agents.backends`), and ``max_tool_calls`` is the env's limit.
 The run's seed and ARPO's branching are not rollout settings: a trainer passes a seed per step to
 `RolloutEngine.run`, and ``TrainConfig.arpo`` goes to the engine as ``arpo=``.
 

@@ -14,12 +14,9 @@ import pytest
 
 ray = pytest.importorskip("ray", reason="the [ray] extra is not installed")
 
-from rapo_agents.integrations.ray_rollout import (  # noqa: E402
-    PolicyActor,
-    RayRolloutEngine,
-    make_rollout_engine,
-    serve_retrieval,
-)
+from rapo_agents.backends import make_engine  # noqa: E402
+from rapo_agents.config import RayConfig  # noqa: E402
+from rapo_agents.integrations.ray_rollout import PolicyActor, RayRolloutEngine, serve_retrieval  # noqa: E402
 from rapo_agents.policies import ScriptedPolicy  # noqa: E402
 from rapo_agents.rollout import RolloutConfig  # noqa: E402
 from rapo_agents.rollout.branching import ARPOConfig  # noqa: E402
@@ -73,8 +70,8 @@ def retrieval_url(ray_cluster):
 @pytest.fixture(scope="module")
 def local_trajectories(retrieval_url):
     config = RolloutConfig(rollout_n=3)
-    with make_rollout_engine("local", "RAPO-Math-v0", ScriptedPolicy(TURNS), config, ENV_KWARGS,
-                             [retrieval_wrapper(retrieval_url)]) as engine:
+    with make_engine("RAPO-Math-v0", ScriptedPolicy(TURNS), config, ENV_KWARGS,
+                     [retrieval_wrapper(retrieval_url)]) as engine:
         return engine.run([4, 0, 3], seed=11)
 
 
@@ -82,8 +79,8 @@ def test_ray_workers_reproduce_the_local_trajectories(retrieval_url, local_traje
     """Two rollout actors share one PolicyActor; the envs in the actors retrieve from the Serve deployment."""
     policy_actor = ray.remote(PolicyActor).options(num_cpus=0).remote(functools.partial(ScriptedPolicy, TURNS))
     streamed = []
-    with make_rollout_engine("ray", "RAPO-Math-v0", policy_actor, RolloutConfig(rollout_n=3), ENV_KWARGS,
-                             [retrieval_wrapper(retrieval_url)], num_workers=2) as engine:
+    with make_engine("RAPO-Math-v0", policy_actor, RolloutConfig(backend="ray", rollout_n=3), ENV_KWARGS,
+                     [retrieval_wrapper(retrieval_url)], ray=RayConfig(num_workers=2)) as engine:
         trajectories = engine.run([4, 0, 3], seed=11, on_trajectory=streamed.append)
         stats = engine.stats
     assert [comparable(t) for t in trajectories] == [comparable(t) for t in local_trajectories]
@@ -100,10 +97,10 @@ def test_ray_workers_reproduce_the_local_trajectories(retrieval_url, local_traje
 def test_ray_workers_reproduce_arpo_branched_groups(ray_cluster):
     """Branching groups (every tool result branches: tau = 1) come back whole and as the local engine plays them."""
     config, arpo = RolloutConfig(rollout_n=3), ARPOConfig(initial_rollouts=1, branch_probability=1.0)
-    with make_rollout_engine("local", "RAPO-Math-v0", ScriptedPolicy(TURNS), config, ENV_KWARGS, arpo=arpo) as engine:
+    with make_engine("RAPO-Math-v0", ScriptedPolicy(TURNS), config, ENV_KWARGS, arpo=arpo) as engine:
         local = engine.run([1, 5, 2], seed=2)
-    with make_rollout_engine("ray", "RAPO-Math-v0", ScriptedPolicy(TURNS), config, ENV_KWARGS, arpo=arpo,
-                             num_workers=2) as engine:
+    with make_engine("RAPO-Math-v0", ScriptedPolicy(TURNS), dataclasses.replace(config, backend="ray"), ENV_KWARGS,
+                     arpo=arpo, ray=RayConfig(num_workers=2)) as engine:
         remote = engine.run([1, 5, 2], seed=2)
         stats = engine.stats
     assert [comparable(t) for t in remote] == [comparable(t) for t in local]
@@ -113,11 +110,9 @@ def test_ray_workers_reproduce_arpo_branched_groups(ray_cluster):
 
 def test_bad_settings_fail_clearly(ray_cluster):
     with pytest.raises(ValueError, match="backend"):
-        make_rollout_engine("spark", "RAPO-Math-v0", ScriptedPolicy(TURNS))
+        RolloutConfig(backend="spark")
     with pytest.raises(ValueError, match="num_workers"):
         RayRolloutEngine("RAPO-Math-v0", ScriptedPolicy(TURNS), num_workers=0)
-    with pytest.raises(ValueError, match="ray backend"):
-        make_rollout_engine("local", "RAPO-Math-v0", ScriptedPolicy(TURNS), num_workers=2)
 
 
 @pytest.mark.parametrize("placement", ["workers", "actor"])
