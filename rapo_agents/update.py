@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from rapo_agents.batch import TrainBatch
+from rapo_agents.config import OptimConfig
 from rapo_agents.rapo import (
     LossWeighting,
     RAPOConfig,
@@ -121,6 +122,17 @@ class UpdateSettings:
     extra forward pass; wrong for any longer schedule, where the weights move between mini-batches."""
 
 
+def update_settings(optim: OptimConfig, rollout_n: int, autocast_dtype: torch.dtype | None = None,
+                    recompute_old_logprobs: bool = False) -> UpdateSettings:
+    """The schedule of a trainer's updates from its ``optim`` section; with ``recompute_old_logprobs`` and one
+    optimiser step per batch, ``logp_old`` comes from the update's own forward pass (no extra one)."""
+    one_step = optim.ppo_epochs == 1 and optim.ppo_mini_batch_size == optim.train_batch_size
+    return UpdateSettings(
+        mini_batch_rows=optim.ppo_mini_batch_size * rollout_n, micro_batch_size=optim.micro_batch_size,
+        ppo_epochs=optim.ppo_epochs, grad_clip=optim.grad_clip, autocast_dtype=autocast_dtype,
+        old_logprobs_from_current=recompute_old_logprobs and one_step)
+
+
 def autocast_context(device: torch.device, dtype: torch.dtype | None):
     """``torch.autocast`` for ``dtype`` on ``device``, or a no-op."""
     return torch.autocast(device.type, dtype=dtype) if dtype is not None else contextlib.nullcontext()
@@ -163,6 +175,24 @@ def recompute_logprobs(model: torch.nn.Module, batch: TrainBatch, settings: Upda
     finally:
         model.train(was_training)
     return result
+
+
+def update_policy(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: TrainBatch, config: RAPOConfig,
+                  settings: UpdateSettings, reference_model: torch.nn.Module | None = None,
+                  recompute_old_logprobs: bool = False) -> dict[str, float]:
+    """The update of one training batch (spec §7): `ppo_update`, on ``logp_old`` recomputed by the trained module
+    when asked (`recompute_logprobs`, unless ``settings`` takes them from the update's own forward pass).
+
+    A batch without reward variance (and no KL or entropy term) is skipped: its loss is identically 0, so the
+    forward and backward passes would only buy AdamW's weight decay, as GRPO-style trainers that drop
+    zero-variance groups know. ``optim/skipped_zero_advantage`` counts it.
+    """
+    if not batch.advantages.any() and config.kl_coef == 0 and config.entropy_coef == 0:
+        return {"optim/skipped_zero_advantage": 1.0, "time/update_s": 0.0}
+    if recompute_old_logprobs and not settings.old_logprobs_from_current:
+        batch.old_logprobs = recompute_logprobs(model, batch, settings)
+    stats = ppo_update(model, optimizer, batch, config, settings, reference_model)
+    return {**stats, "optim/skipped_zero_advantage": 0.0}
 
 
 def ppo_update(

@@ -37,9 +37,13 @@ from typing import Any
 import gymnasium as gym
 import torch
 
+from rapo_agents.config import OptimConfig, WarmupConfig
+from rapo_agents.model import pad_token_id
 from rapo_agents.policies.base import Generation
+from rapo_agents.rollout.config import RolloutConfig
 from rapo_agents.rollout.collate import collate_trajectories
 from rapo_agents.rollout.episode import EpisodeRecord
+from rapo_agents.run_control import RunControl
 from rapo_agents.scripted import run_text_episode, scripted_expert
 from rapo_agents.update import autocast_context, sequence_logprobs
 from rapo_env.trajectory import Trajectory
@@ -57,6 +61,14 @@ class WarmupResult:
     """Training loss of each optimiser step."""
     seconds: float
     """Wall time of the warm-up (evaluations included)."""
+    episodes: int = 0
+    """Expert episodes cloned."""
+
+    @property
+    def metrics(self) -> dict[str, float]:
+        """The ``warmup/*`` metrics that the trainer logs at step 0."""
+        return {"warmup/loss": self.loss_after, "warmup/loss_before": self.loss_before,
+                "warmup/episodes": float(self.episodes), "time/warmup_s": self.seconds}
 
 
 def tokenize_like_rollouts(
@@ -232,4 +244,42 @@ def behaviour_cloning(
     optimizer.zero_grad(set_to_none=True)
     loss_after = mean_action_nll(model, probe, pad_token_id, micro_batch_size, autocast_dtype)
     return WarmupResult(loss_before=loss_before, loss_after=loss_after, losses=losses,
-                        seconds=time.perf_counter() - started)
+                        seconds=time.perf_counter() - started, episodes=len(episodes))
+
+
+def warm_up(model: torch.nn.Module, tokenizer: Any, make_env: Callable[[], gym.Env], config: WarmupConfig,
+            rollout: RolloutConfig, optim: OptimConfig, control: RunControl, *, steps_done: int = 0, seed: int = 0,
+            autocast_dtype: torch.dtype | None = None, show_progress: bool = False) -> WarmupResult | None:
+    """The warm-up of a training run: expert episodes on the env's first questions (within ``rollout``'s budgets),
+    then `behaviour_cloning` for the ``config.sft_steps - steps_done`` steps left.
+
+    It trains the whole model (``model.trainable_layers`` restricts the RL updates only) and leaves every
+    parameter's ``requires_grad`` as it found it. ``control`` tells what a signal does: while the episodes are
+    collected it abandons the warm-up (None is returned), during cloning it stops after the current step.
+    """
+    env, episodes = make_env(), None
+    try:
+        with control.phase("warm-up episodes", abortable=True):
+            episodes = expert_episodes(env, config.num_expert_episodes, tokenizer, rollout.max_prompt_tokens,
+                                       rollout.max_response_tokens, rollout.max_turn_tokens, rollout.max_tool_calls,
+                                       show_progress=show_progress)
+    finally:
+        env.close()
+    if episodes is None:
+        return None
+    steps = config.sft_steps - steps_done
+    trainable = [parameter.requires_grad for parameter in model.parameters()]
+    model.requires_grad_(True)
+    try:
+        with control.phase("warm-up"):
+            print(f"warm-up: behaviour cloning, {steps} steps on {len(episodes)} expert episodes", flush=True)
+            result = behaviour_cloning(
+                model, episodes, pad_token_id(tokenizer), steps=steps, batch_size=config.sft_batch_size,
+                lr=config.sft_lr, micro_batch_size=optim.micro_batch_size, grad_clip=optim.grad_clip, seed=seed,
+                autocast_dtype=autocast_dtype, show_progress=show_progress, should_stop=lambda: control.requested)
+    finally:
+        for parameter, flag in zip(model.parameters(), trainable, strict=True):
+            parameter.requires_grad_(flag)
+    print(f"warm-up: {len(result.losses)} steps on {len(episodes)} expert episodes, action NLL "
+          f"{result.loss_before:.3f} -> {result.loss_after:.3f} ({result.seconds:.0f} s)")
+    return result

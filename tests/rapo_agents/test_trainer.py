@@ -404,7 +404,7 @@ def test_heldout_evaluation_runs_before_rl_and_at_the_end_on_questions_never_tra
 
 
 def test_trainable_layers_leave_only_the_last_layers_and_the_final_norm_to_the_optimizer():
-    from rapo_agents.trainer import freeze_all_but_last_layers
+    from rapo_agents.model import freeze_all_but_last_layers
 
     model = tiny_model()
     freeze_all_but_last_layers(model, 1)
