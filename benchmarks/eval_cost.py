@@ -34,7 +34,9 @@ from _rounds import interleaved_rounds, show, spread
 from rapo_agents.config import load_config
 from rapo_agents.policies.fast import DEFAULT_PREFIX_CACHE_BYTES, FastPolicy
 from rapo_agents.policies.prefix_cache import PrefixCache
-from rapo_agents.trainer import RAPOTrainer
+from rapo_agents.rollout.engine import make_env_factory
+from rapo_agents.trainer import RAPOTrainer, training_env_kwargs
+from rapo_agents.warmup import warm_up
 
 SYSTEMS = {"cache off": (0, 32), "cache on": (DEFAULT_PREFIX_CACHE_BYTES, 32),
            "cache on, batch 64": (DEFAULT_PREFIX_CACHE_BYTES, 64)}
@@ -60,7 +62,10 @@ def warmed_up_trainer(questions: int, output_dir: str, weight_format: str | None
         "retrieval.enabled=false", "logging.progress=false", "logging.tensorboard=false",
         f"logging.output_dir={output_dir}", f"evaluation.heldout_tasks={questions}"])
     trainer = RAPOTrainer(config)
-    trainer.warm_up()
+    make_env = make_env_factory(config.data.env_id, training_env_kwargs(config))
+    warm_up(trainer.model, trainer.tokenizer, make_env, config.warmup, config.rollout, config.optim, trainer.control,
+            seed=config.seed, autocast_dtype=trainer.autocast_dtype)
+    trainer.sync_policy()
     if weight_format is not None:  # before the held-out evaluator is built: it takes the trainer's policy
         trainer.policy = FastPolicy(trainer.model, trainer.tokenizer, weight_format=weight_format)
     return trainer
