@@ -9,7 +9,8 @@ vLLM, Ray or a model); each is imported on first use from the module that define
 - the RAPO algorithm, pure torch functions in paper order (`rapo_agents.rapo`): `RAPOConfig`,
   `step_entropy_paper`, `step_entropy_reference`, `retrieval_entropy_pairs`, `retrieval_reward`,
   `group_normalize`, `fused_advantage`, `rapo_advantages`, `retrieval_fraction`, `rapo_policy_loss`, ...;
-- training (`rapo_agents.trainer`, `rapo_agents.config`): `RAPOTrainer`, `TrainConfig`, `load_config`;
+- training (`rapo_agents.trainer`, `rapo_agents.config`, `rapo_agents.config_loader`): `RAPOTrainer`,
+  `TrainConfig`, `load_config`;
 - evaluation (`rapo_agents.evaluation`): `evaluate`, `EvalConfig`.
 
 Example:
@@ -37,7 +38,7 @@ _LAZY: dict[str, str] = {
     **{name: "rapo_agents.rapo" for name in _RAPO_FUNCTIONS},
     "RAPOTrainer": "rapo_agents.trainer",
     "TrainConfig": "rapo_agents.config",
-    "load_config": "rapo_agents.config",
+    "load_config": "rapo_agents.config_loader",
     "evaluate": "rapo_agents.evaluation",
     "EvalConfig": "rapo_agents.evaluation",
 }

@@ -13,7 +13,7 @@ the rollout policy, the retriever of hybrid rollouts and the rollout engine, and
 who wants an engine without a trainer.
 
 Example:
-    >>> from rapo_agents.config import load_config
+    >>> from rapo_agents.config_loader import load_config
     >>> type(make_backend(load_config(None, []), model=None, tokenizer=None)).__name__
     'LocalBackend'
     >>> from rapo_agents.policies import ScriptedPolicy
@@ -181,7 +181,7 @@ def default_buffer_config(config: TrainConfig):
     questions the policy trains on, as the paper's buffer does. None when no embedded expert plays them.
 
     Example:
-        >>> from rapo_agents.config import load_config
+        >>> from rapo_agents.config_loader import load_config
         >>> default_buffer_config(load_config("configs/qa.yaml", [])).task
         'qa'
     """

@@ -21,7 +21,7 @@ with the same API: the env (an id and keyword arguments, or a factory) and the r
 (a `functools.partial`) are picklable, so Ray ships them to the workers.
 
 Example:
-    >>> from rapo_agents.config import load_config
+    >>> from rapo_agents.config_loader import load_config
     >>> trainer = RAPOTrainer(load_config(None, ["total_steps=2", "output_dir=/tmp/rapo-example"]))  # doctest: +SKIP
     >>> result = trainer.train()                                                                    # doctest: +SKIP
 """

@@ -27,7 +27,7 @@ class UsageError(Exception):
 # that defines its type (they are imported only when the subcommand that raises them runs).
 USER_ERROR_TYPES = frozenset({
     "rapo_cli.errors.UsageError",
-    "rapo_agents.config.ConfigError",
+    "rapo_agents.settings.ConfigError",
     "rapo_agents.checkpoint.CheckpointError",
     "rapo_agents.rollout.episode.PromptTooLongError",
     "rapo_agents.run_control.RunFolderBusyError",

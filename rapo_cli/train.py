@@ -139,7 +139,7 @@ def run(args: argparse.Namespace) -> int:
     import yaml
     from rich.console import Console
 
-    from rapo_agents.config import check_config, load_config
+    from rapo_agents.config_loader import check_config, load_config
 
     console = Console(record=True)  # what it prints is also kept as the run folder's summary.txt
     if args.config is not None:
