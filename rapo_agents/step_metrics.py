@@ -22,7 +22,8 @@ def rollout_metrics(trajectories: Sequence[Trajectory], batch: TrainBatch,
 
     ``hybrid_from`` is the first rollout index of a group that may retrieve (``no_retrieve_first_k``; None
     without retrieval). The ``mechanism/*`` keys compare spliced rollouts with the others (the paper's Fig. 3-4):
-    reward, response tokens and tool calls of each, and the step entropy before and after a splice.
+    reward, advantage, response tokens and tool calls of each, the advantage of the correct unspliced rollouts,
+    and the step entropy before and after a splice.
     """
     rewards = batch.rewards.double()
     accuracy = torch.tensor([float(t.metrics.get("accuracy", t.metrics.get("em", 0.0))) for t in trajectories])
@@ -45,8 +46,13 @@ def rollout_metrics(trajectories: Sequence[Trajectory], batch: TrainBatch,
     mechanism = {}
     for name, rows in (("spliced", with_retrieval), ("unspliced", ~with_retrieval)):
         mechanism.update({f"mechanism/{name}_reward": mean_of(rewards, rows),
+                          f"mechanism/{name}_advantage": mean_of(batch.advantages, rows),
                           f"mechanism/{name}_response_tokens": mean_of(response_tokens, rows),
                           f"mechanism/{name}_tool_calls": mean_of(tool_calls, rows)})
+    # What the policy's own behaviour (what a test episode runs) is told: the advantage of its correct rollouts.
+    # Spliced rollouts that score higher raise the group mean, and with it lower this (GRPO's is the same
+    # rollouts' advantage without any splice in their groups).
+    mechanism["mechanism/correct_unspliced_advantage"] = mean_of(batch.advantages, ~with_retrieval & (accuracy > 0))
     mechanism.update({"mechanism/entropy_before_splice": mean_of(batch.entropy_pre, with_retrieval),
                       "mechanism/entropy_after_splice": mean_of(batch.entropy_post, with_retrieval),
                       # Of the rollouts allowed to retrieve, the share that got at least one splice.
