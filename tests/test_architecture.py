@@ -100,3 +100,49 @@ def test_the_algorithm_module_imports_only_the_standard_library_and_torch():
     source = (ROOT / "rapo_agents" / "rapo.py").read_text(encoding="utf-8")
     tops = {module.split(".")[0] for _, module in imported_modules(source)}
     assert tops - {"torch"} <= set(sys.stdlib_module_names), sorted(tops)
+
+
+def episode_field_writes(source: str, fields: set[str]) -> list[str]:
+    """``line: target`` for each assignment in ``source`` to a field of `Episode` on anything but ``self``
+    (plain, augmented or annotated assignments, ``del`` and ``setattr``).
+
+    Example:
+        >>> episode_field_writes("episode.reward += 1.0\\nself.ready = []\\n", {"reward", "ready"})
+        ['1: episode.reward']
+    """
+    writes = []
+    for node in ast.walk(ast.parse(source)):
+        targets: list[ast.expr] = []
+        if isinstance(node, (ast.Assign, ast.Delete)):
+            targets = list(node.targets)
+        elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+            targets = [node.target]
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "setattr":
+            name = node.args[1] if len(node.args) > 1 else None
+            if isinstance(name, ast.Constant) and name.value in fields:
+                writes.append(f"{node.lineno}: setattr(..., {name.value!r})")
+        for target in targets:
+            for item in ast.walk(target):  # tuple targets: a.b, c.d = ...
+                if (isinstance(item, ast.Attribute) and item.attr in fields
+                        and not (isinstance(item.value, ast.Name) and item.value.id == "self")):
+                    writes.append(f"{item.lineno}: {ast.unparse(item)}")
+    return sorted(writes, key=lambda write: int(write.split(":")[0]))
+
+
+def test_only_episode_changes_an_episode():
+    """docs/architecture.md: `Episode` alone changes a running episode; the engine, the scheduler and the env pool
+    call its methods (`start`, `branch`, `add_generation`, `add_step`, `release`, ...) and never write its fields."""
+    import dataclasses
+
+    from rapo_agents.rollout.episode import Episode
+
+    fields = {field.name for field in dataclasses.fields(Episode)}
+    writes = {str(path.relative_to(ROOT)): episode_field_writes(path.read_text(encoding="utf-8"), fields)
+              for path in sorted((ROOT / "rapo_agents" / "rollout").glob("*.py")) if path.name != "episode.py"}
+    assert {path: found for path, found in writes.items() if found} == {}
+
+
+def test_the_episode_rule_catches_writes_through_any_name():
+    source = "e.env = None\nother.turn, x = 1, 2\nsetattr(ep, 'reserve', [])\ndel ep.prompt\nself.env = 1\n"
+    assert episode_field_writes(source, {"env", "turn", "reserve", "prompt"}) == [
+        "1: e.env", "2: other.turn", "3: setattr(..., 'reserve')", "4: ep.prompt"]

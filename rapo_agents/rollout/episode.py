@@ -33,7 +33,10 @@ from typing import Any
 
 from rapo_agents.chat_template import render_chat_template
 from rapo_agents.policies.base import Generation
+from rapo_agents.rollout.branching import split_reserve
 from rapo_agents.rollout.entropy import step_entropies, with_sampled_token
+from rapo_agents.rollout.env_pool import derive_seed
+from rapo_env.core import copy_episode
 from rapo_env.wrappers.retrieval import split_spliced_text
 from rapo_env.trajectory import StepRecord, Trajectory
 
@@ -241,8 +244,9 @@ class Episode:
         task_index, rollout_index, group_index: which question, which rollout of its group, which group of the
             run (None for a driver that has no task list or groups, e.g. skrl's, which groups by task id).
 
-    A driver (the rollout engine, the verl agent loop) calls `begin` after ``env.reset``, then alternates
-    `add_generation` with `add_step` until `done`, and finally `to_trajectory`.
+    A driver (the rollout engine, the verl agent loop, the skrl agent) calls `start` with an env (or `begin`
+    after its own ``env.reset``), then alternates `add_generation` with `add_step` until `done`, and finally
+    `to_trajectory`; `release` hands the env back. ARPO's branching adds `branch_delta`, `branch` and `refill`.
 
     Example:
         >>> from rapo_agents.policies import ByteTokenizer, Generation
@@ -301,6 +305,60 @@ class Episode:
         self.question = prompt if question is None else question
         self.record = EpisodeRecord.start(tokenizer, reset_info.get("system_prompt", ""), prompt,
                                           max_prompt_tokens, max_response_tokens)
+
+    def start(self, env: Any, run_seed: int, tokenizer: Any, max_prompt_tokens: int,
+              max_response_tokens: int) -> None:
+        """Play in ``env``: reset it for this task and rollout (its seed derived from ``run_seed`` and both
+        indices, so no result depends on which env serves the episode), then `begin`."""
+        self.env = env
+        prompt, info = self._reset(run_seed)
+        self.begin(prompt, info, tokenizer, max_prompt_tokens, max_response_tokens, question=self._question(prompt))
+
+    def branch(self, rollout_index: int, reserve: list[int], env: Any, run_seed: int) -> Episode:
+        """ARPO: rollout ``rollout_index`` of the group, continuing this one from its last tool result in ``env``
+        (reset as `start` would, then given a copy of this episode's env state) with ``reserve`` as its slots."""
+        child = Episode(self.task_index, rollout_index, self.group_index, env=env, reserve=reserve)
+        prompt, info = child._reset(run_seed)
+        child.prompt, child.reset_info, child.question = prompt, dict(info), child._question(prompt)
+        copy_episode(self.env, env)
+        child.continue_from(self)
+        return child
+
+    def refill(self) -> Episode | None:
+        """ARPO, once this rollout ended: the first of the slots it did not branch into, to start afresh from the
+        prompt with the rest as its reserve (None when none is left)."""
+        if not self.reserve:
+            return None
+        return Episode(self.task_index, self.reserve[0], self.group_index, reserve=self.reserve[1:])
+
+    def branch_delta(self, entropy: float | None) -> float | None:
+        """ARPO, before the turn just generated is recorded: keep the first turn's entropy as H_initial; after a
+        tool result, with slots left to fill, the turn's entropy change from it (0 when either is unknown).
+        None when this turn cannot branch."""
+        if not self.record.steps:
+            self.initial_entropy = entropy
+            return None
+        if not self.reserve or self.record.steps[-1].tool is None:
+            return None
+        return 0.0 if entropy is None or self.initial_entropy is None else entropy - self.initial_entropy
+
+    def take_reserve(self, count: int) -> list[tuple[int, list[int]]]:
+        """ARPO: give ``count`` branches their share of this rollout's slots, (rollout index, reserve) each."""
+        self.reserve, children = split_reserve(self.reserve, count)
+        return children
+
+    def release(self) -> Any:
+        """Stop using the env (to give it back to a pool); returns it, None when already released."""
+        env, self.env = self.env, None
+        return env
+
+    def _reset(self, run_seed: int) -> tuple[Any, dict[str, Any]]:
+        return self.env.reset(seed=derive_seed(run_seed, self.task_index, self.rollout_index),
+                              options={"task_index": self.task_index, "rollout_index": self.rollout_index})
+
+    def _question(self, prompt: str) -> str:
+        """The task's question, when the env has a task with one (else the prompt)."""
+        return getattr(getattr(self.env.unwrapped, "task", None), "question", prompt)
 
     def continue_from(self, parent: Episode) -> None:
         """ARPO: take over ``parent``'s progress (a copy of its token record, turn, reward and counts)."""

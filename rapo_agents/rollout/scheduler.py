@@ -1,0 +1,249 @@
+"""The episode lifecycle of one `RolloutEngine.run`: start, generate, step the env, branch, end.
+
+`Scheduler` moves episodes between three queues: ``waiting`` (not started), ``ready`` (their turn to generate)
+and ``stepping`` (their env step runs in the thread pool), and back to ``ready`` until they end. It gets what it
+works with (the env pool, the policy, the settings, the stats to fill in), never the engine; the episodes' own
+state changes only inside `Episode`.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import dataclasses
+import random
+import time
+from collections.abc import Callable
+from typing import Any
+
+from rapo_agents.policies.base import Generation, Policy, SamplingParams
+from rapo_agents.rollout.branching import ARPOConfig, branch_count
+from rapo_agents.rollout.config import RolloutConfig
+from rapo_agents.rollout.entropy import turn_entropy
+from rapo_agents.rollout.env_pool import EnvPool, derive_seed
+from rapo_agents.rollout.episode import Episode
+from rapo_env.protocol import closing_tags
+from rapo_env.trajectory import Trajectory
+
+_BRANCH = 0xB4A2C
+"""Mixed into the seed of ARPO's branching draws, apart from the sampling seeds of the same turn."""
+
+
+@dataclasses.dataclass
+class RolloutStats:
+    """Where the time of the last `RolloutEngine.run` went."""
+
+    episodes: int = 0
+    wall_s: float = 0.0
+    generate_s: float = 0.0
+    """Time inside ``policy.generate`` (the main thread)."""
+    env_step_s: float = 0.0
+    """Summed time of all env steps (tool calls, retrieval), across threads."""
+    wait_s: float = 0.0
+    """Time the main thread waited for env steps with nothing to generate."""
+    generate_calls: int = 0
+    generated_tokens: int = 0
+    tool_calls: int = 0
+    branches: int = 0
+    """ARPO: rollouts that branched off another one after a tool result."""
+    refills: int = 0
+    """ARPO: rollouts started from the prompt because a rollout ended before its share of the group was used."""
+    skipped_splices: int = 0
+    """Retrieval splices left out because they did not fit the response budget (spec §4)."""
+
+    @property
+    def generation_share(self) -> float:
+        """Share of wall time spent generating."""
+        return self.generate_s / self.wall_s if self.wall_s else 0.0
+
+    def as_dict(self) -> dict[str, float]:
+        data = dataclasses.asdict(self)
+        data["generation_share"] = self.generation_share
+        data["episodes_per_s"] = self.episodes / self.wall_s if self.wall_s else 0.0
+        data["tool_calls_per_s"] = self.tool_calls / self.wall_s if self.wall_s else 0.0
+        data["tokens_per_s"] = self.generated_tokens / self.generate_s if self.generate_s else 0.0
+        return data
+
+
+@dataclasses.dataclass
+class RunSettings:
+    """What a `Scheduler` plays with, besides its episodes."""
+
+    envs: EnvPool
+    """Where episodes get (and give back) their envs."""
+    policy: Policy
+    """What generates every turn."""
+    config: RolloutConfig
+    """Sampling, budgets and scheduling."""
+    arpo: ARPOConfig
+    """ARPO's branching (off by default)."""
+    pool: cf.ThreadPoolExecutor
+    """The threads that run env steps."""
+    vocab_size: int
+    """The policy's vocabulary size (entropies are normalised by it)."""
+    source: str
+    """The policy's name, recorded in each trajectory."""
+
+
+class Scheduler:
+    """Plays ``episodes`` (and the branches and refills they lead to) to their end.
+
+    Args:
+        settings: the envs, policy, configs and threads.
+        episodes: the episodes that start from the prompt, in order.
+        stats: filled in as the run goes.
+        seed: the run's seed (resets, sampling and branching draws derive from it per episode and turn).
+        on_trajectory: called with each trajectory as soon as its episode ends.
+    """
+
+    def __init__(self, settings: RunSettings, episodes: list[Episode], stats: RolloutStats, seed: int,
+                 on_trajectory: Callable[[Trajectory], None] | None = None):
+        self.settings, self.config, self.stats = settings, settings.config, stats
+        self.seed, self.on_trajectory = seed, on_trajectory
+        self.episodes = list(episodes)
+        self.waiting = list(reversed(episodes))
+        self.ready: list[Episode] = []
+        self.stepping: dict[cf.Future, Episode] = {}
+        self.progress = _progress(stats.episodes, self.config.show_progress)
+
+    def run(self) -> list[Trajectory]:
+        """Play every episode; their trajectories group by group, by rollout index."""
+        try:
+            while self.waiting or self.ready or self.stepping:
+                self.start_waiting()
+                self.collect_env_steps()
+                if self.ready and (self.config.overlap or not self.stepping):
+                    self.generate()
+        finally:
+            self.progress.close()
+            for future in self.stepping:
+                future.cancel()
+        ordered = sorted(self.episodes, key=lambda episode: (episode.group_index, episode.rollout_index))
+        return [episode.to_trajectory(self.settings.source) for episode in ordered]
+
+    def start_waiting(self) -> None:
+        """Start waiting episodes while fewer than ``max_concurrent_episodes`` are in flight."""
+        config = self.config
+        while self.waiting and len(self.ready) + len(self.stepping) < config.max_concurrent_episodes:
+            episode = self.waiting.pop()
+            episode.start(self.settings.envs.acquire(), self.seed, self.settings.policy.tokenizer,
+                          config.max_prompt_tokens, config.max_response_tokens)
+            self.ready.append(episode)
+
+    def collect_env_steps(self) -> None:
+        """Take the results of finished env steps: with ``overlap``, the fast ones while others are ready to
+        generate (or the first one when none is); without it, every step of the round."""
+        if not self.stepping:
+            return
+        if self.config.overlap and self.ready:  # let fast tools join this batch, not slow ones
+            timeout, when = self._batch_wait(), cf.ALL_COMPLETED
+        elif self.config.overlap:
+            timeout, when = None, cf.FIRST_COMPLETED
+        else:  # strict rounds: every tool of the round first
+            timeout, when = None, cf.ALL_COMPLETED
+        wait_from = time.perf_counter()
+        done, _ = cf.wait(list(self.stepping), timeout=timeout, return_when=when)
+        self.stats.wait_s += time.perf_counter() - wait_from
+        for future in done:
+            episode = self.stepping.pop(future)
+            self._after_step(episode, *future.result())
+            if episode.done:
+                self._finish(episode)
+            else:
+                self.ready.append(episode)
+
+    def generate(self) -> None:
+        """One batched generation over the ready episodes; each then steps its env (or ends, or branches)."""
+        batch, self.ready = self.ready, []
+        for episode, generation in zip(batch, self._generate(batch), strict=True):
+            branches = self._branch(episode, generation)
+            self.episodes.extend(branches)
+            self.ready.extend(branches)
+            if episode.add_generation(generation, self.settings.vocab_size):
+                self.stepping[self.settings.pool.submit(_step_env, episode, generation.text)] = episode
+            else:
+                self._finish(episode)
+
+    def _generate(self, batch: list[Episode]) -> list[Generation]:
+        config = self.config
+        contexts, params = [], []
+        for episode in batch:
+            remaining = episode.record.remaining
+            contexts.append(episode.record.token_ids)
+            stop = config.stop if config.stop is not None else closing_tags(episode.reset_info.get("tools", ()))
+            params.append(SamplingParams(
+                temperature=config.temperature, top_p=config.top_p, top_k=config.top_k,
+                max_new_tokens=min(remaining, config.max_turn_tokens or remaining), stop=tuple(stop),
+                top_logprobs=config.top_logprobs,
+                seed=derive_seed(self.seed, episode.task_index, episode.rollout_index, episode.turn),
+            ))
+        started = time.perf_counter()
+        generations = self.settings.policy.generate(contexts, params)
+        self.stats.generate_s += time.perf_counter() - started
+        self.stats.generate_calls += 1
+        self.stats.generated_tokens += sum(g.num_tokens for g in generations)
+        return generations
+
+    def _branch(self, episode: Episode, generation: Generation) -> list[Episode]:
+        """ARPO: measure the turn just generated; after a tool result, branch the rollout as its entropy says.
+
+        The branches continue from the tool result (before this turn), each sampling the turn afresh.
+        """
+        arpo = self.settings.arpo
+        if generation.finish_reason == "error" or arpo.initial_rollouts is None:
+            return []
+        entropy = turn_entropy(generation.top_logprobs, generation.entropies if generation.entropy_kind == "full"
+                               else None, self.settings.vocab_size, arpo.entropy_tokens)
+        delta_h = episode.branch_delta(entropy)
+        if delta_h is None:
+            return []
+        draws = random.Random(derive_seed(self.seed, episode.task_index, episode.rollout_index, episode.turn,
+                                          _BRANCH))
+        count = branch_count(delta_h, [draws.random() for _ in range(arpo.beam_size - 1)], arpo.entropy_weight,
+                             arpo.branch_probability)
+        branches = [episode.branch(rollout_index, reserve, self.settings.envs.acquire(), self.seed)
+                    for rollout_index, reserve in (episode.take_reserve(count) if count else [])]
+        self.stats.branches += len(branches)
+        return branches
+
+    def _batch_wait(self) -> float:
+        if self.config.batch_wait_s is not None:
+            return self.config.batch_wait_s
+        calls = self.stats.generate_calls
+        return 0.5 * self.stats.generate_s / calls if calls else 0.0
+
+    def _after_step(self, episode: Episode, observation: str, reward: float, terminated: bool, truncated: bool,
+                    info: dict[str, Any], seconds: float) -> None:
+        self.stats.env_step_s += seconds
+        if info.get("tool") is not None and info.get("tool_error") != "tool_limit":
+            self.stats.tool_calls += 1
+        skipped = episode.record.skipped_splices
+        episode.add_step(observation, reward, terminated, truncated, info)
+        self.stats.skipped_splices += episode.record.skipped_splices - skipped
+
+    def _finish(self, episode: Episode) -> None:
+        self.settings.envs.release(episode.release())
+        self.progress.update(1)
+        if self.on_trajectory is not None:
+            self.on_trajectory(episode.to_trajectory(self.settings.source))
+        refill = episode.refill()  # ARPO: the slots it did not branch into start afresh from the prompt
+        if refill is not None:
+            self.episodes.append(refill)
+            self.waiting.append(refill)
+            self.stats.refills += 1
+
+
+def _step_env(episode: Episode, action: str) -> tuple[Any, ...]:
+    """``episode.env.step(action)`` and its seconds; a broken env or wrapper ends this episode, never the run."""
+    started = time.perf_counter()
+    try:
+        result = episode.env.step(action)
+    except Exception as error:
+        failure = {"episode_end": "env_error", "env_error": f"{type(error).__name__}: {error}"}
+        result = ("", 0.0, False, True, failure)
+    return (*result, time.perf_counter() - started)
+
+
+def _progress(total: int, enabled: bool):
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc="rollouts", unit="ep", disable=not enabled)
