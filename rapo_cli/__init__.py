@@ -25,6 +25,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "buffer": ("rapo_cli.buffer", "build, index and serve a step-trace buffer (POST /retrieve)"),
     "train": ("rapo_cli.train", "train a policy with RAPO (no arguments: the embedded CPU default)"),
     "search": ("rapo_cli.search", "build a knowledge-search index and serve it at POST /wikiSearch"),
+    "env": ("rapo_cli.env", "serve a registered env over the OpenEnv protocol (WebSocket sessions, one env each)"),
     "export": ("rapo_cli.export", "export a training checkpoint's policy as a Hugging Face model folder"),
 }
 

@@ -123,16 +123,21 @@ def known_env_arguments(kwargs: dict[str, Any], env: str, setting: str = "--env-
             raise UsageError(f"{setting}: {env} takes no argument {key!r}{hint}")
 
 
-def env_kwargs(text: str, setting: str = "--env-kwargs", env: str | None = None) -> dict[str, Any]:
-    """The JSON object ``text`` as a dict, its keys checked against ``env``'s arguments and its ``dataset``
-    checked."""
+def json_object(text: str, setting: str, example: str) -> dict[str, Any]:
+    """The JSON object ``text`` as a dict; `UsageError` shows ``example`` (a JSON object) when it is not one."""
     try:
         value = json.loads(text)
     except json.JSONDecodeError as error:
-        raise UsageError(f"{setting} is not valid JSON ({error}); write e.g. '{{\"dataset\": \"procedural\"}}'") \
-            from None
+        raise UsageError(f"{setting} is not valid JSON ({error}); write e.g. '{example}'") from None
     if not isinstance(value, dict):
-        raise UsageError(f"{setting} must be a JSON object such as '{{\"dataset\": \"procedural\"}}', got {text}")
+        raise UsageError(f"{setting} must be a JSON object such as '{example}', got {text}")
+    return value
+
+
+def env_kwargs(text: str, setting: str = "--env-kwargs", env: str | None = None) -> dict[str, Any]:
+    """The JSON object ``text`` as a dict, its keys checked against ``env``'s arguments and its ``dataset``
+    checked."""
+    value = json_object(text, setting, '{"dataset": "procedural"}')
     if env is not None:
         known_env_arguments(value, env, setting)
     dataset(value.get("dataset"), f"{setting} dataset")

@@ -4,8 +4,9 @@ It holds `ToolEnv` (`rapo_env.core`, the base class of every rapo env: text in, 
 tags), the registered envs ``RAPO-Math-v0``, ``RAPO-Web-v0`` and ``RAPO-QA-v0`` (`rapo_env.envs`), their task
 sources (`rapo_env.tasks`) and scorers (`rapo_env.rewards`), the `Trajectory` record every rollout writes
 (`rapo_env.trajectory`) and the wrappers (`rapo_env.wrappers`), chief among them `StepTraceRetrievalWrapper`,
-which splices retrieved step traces into hybrid rollouts. It uses `rapo_tools` and `rapo_buffers` and knows no
-policy or trainer.
+which splices retrieved step traces into hybrid rollouts; `create_rapo_app` serves any of these envs over the
+OpenEnv protocol (`rapo_env.openenv_server`) and `RemoteEnv` makes a served env a ``gym.Env`` again
+(`rapo_env.remote`). It uses `rapo_tools` and `rapo_buffers` and knows no policy or trainer.
 
 Importing the package registers the environments (lazy string entry points); the wrapper and the trajectory
 record are imported on first use:
@@ -36,6 +37,8 @@ _LAZY = {
     "Trajectory": "rapo_env.trajectory",
     "read_jsonl": "rapo_env.trajectory",
     "write_jsonl": "rapo_env.trajectory",
+    "RemoteEnv": "rapo_env.remote",  # these two need the openenv extra
+    "create_rapo_app": "rapo_env.openenv_server",
 }
 """Public name -> its module, imported on first use."""
 

@@ -133,7 +133,8 @@ class _Connections:
 
 def guarded_protocol(limits: ConnectionLimits) -> type[asyncio.Protocol]:
     """uvicorn's HTTP protocol (httptools, else h11) with a request-head timeout, a fair connection cap and
-    bounds on unread answers.
+    bounds on unread answers. A connection upgraded to a WebSocket leaves the guard: it lasts as long as the app
+    keeps it.
 
     Each call makes a class with its own connection bookkeeping: one per server.
     """
@@ -166,6 +167,13 @@ def guarded_protocol(limits: ConnectionLimits) -> type[asyncio.Protocol]:
             self._stop_timers()
             connections.discard(self)
             super().connection_lost(exc)
+
+        def handle_websocket_upgrade(self, *args: Any) -> None:
+            # uvicorn hands the transport to its WebSocket protocol, so this one never sees the connection close:
+            # it leaves the guard here (no head timer, not counted); a WebSocket app bounds its own sessions.
+            connections.discard(self)
+            self._stop_timers()
+            super().handle_websocket_upgrade(*args)
 
         def guard_idle(self) -> bool:
             """No request of this connection is being answered (between requests, or no complete head yet)."""

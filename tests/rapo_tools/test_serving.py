@@ -11,7 +11,7 @@ from urllib.parse import urlsplit
 
 import httpx
 import pytest
-from fastapi import FastAPI, Response
+from fastapi import FastAPI, Response, WebSocket
 
 from rapo_tools.serving import ConnectionLimits, serve_in_thread
 
@@ -131,3 +131,35 @@ def test_an_answer_left_unread_past_the_write_timeout_is_cut():
 def test_the_new_limits_must_be_positive(field):
     with pytest.raises(ValueError):
         ConnectionLimits(**{field: 0})
+
+
+def test_websocket_sessions_leave_the_guard():
+    """An upgraded connection keeps no request-head timer (a session may idle past it) and no longer counts toward
+    the per-client cap (uvicorn's WebSocket protocol owns it; the app bounds its own sessions)."""
+    import asyncio
+
+    from websockets.asyncio.client import connect
+
+    app = FastAPI()
+
+    @app.websocket("/echo")
+    async def echo(websocket: WebSocket) -> None:
+        await websocket.accept()
+        while True:
+            await websocket.send_text(await websocket.receive_text())
+
+    async def sessions(url: str) -> list[str]:
+        sockets = [await connect(url.replace("http", "ws") + "/echo") for _ in range(4)]
+        await asyncio.sleep(1.0)  # past the head timeout below
+        answers = []
+        for index, ws in enumerate(sockets):
+            await ws.send(str(index))
+            answers.append(await ws.recv())
+        for ws in sockets:
+            await ws.close()
+        return answers
+
+    limits = ConnectionLimits(header_timeout_s=0.3, max_connections_per_client=2)
+    with serve_in_thread(app, connection_limits=limits) as url:
+        assert asyncio.run(sessions(url)) == ["0", "1", "2", "3"]
+        assert httpx.get(f"{url}/ping").status_code == 404  # plain HTTP still admitted: the sessions left the guard
