@@ -54,7 +54,8 @@ class RemoteEnv(gym.Env[str, str]):
         message_timeout_s: How long one reset or step may take (a tool call included).
 
     Raises:
-        ConnectionError: when no server answers at ``url`` or it refuses the session (at capacity).
+        ConnectionError: when no server answers at ``url``.
+        RemoteEnvError: when the server refuses the session (at capacity, or its env could not be built).
     """
 
     metadata = {"render_modes": []}

@@ -193,6 +193,8 @@ def test_an_env_that_cannot_be_built_refuses_only_its_session(crashing_server):
         with GenericEnvClient(base_url=crashing_server).sync() as client:
             with pytest.raises(RuntimeError, match="factory 'RapoTest-Crashing-v0' failed.*FACTORY_ERROR"):
                 client.reset()
+        with pytest.raises(RemoteEnvError, match="FACTORY_ERROR"):
+            RemoteEnv(crashing_server)
     finally:
         CrashingEnv.fail_init = False
     try:
