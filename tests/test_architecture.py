@@ -130,15 +130,18 @@ def episode_field_writes(source: str, fields: set[str]) -> list[str]:
 
 
 def test_only_episode_changes_an_episode():
-    """docs/architecture.md: `Episode` alone changes a running episode; the engine, the scheduler and the env pool
-    call its methods (`start`, `branch`, `add_generation`, `add_step`, `release`, ...) and never write its fields."""
+    """docs/architecture.md: `Episode` alone changes a running episode; the engine, the scheduler, the env pool and
+    the integrations (verl's agent loop, the skrl agent) call its methods (`start`, `branch`, `add_generation`,
+    `add_step`, `record_outcome`, `add_observation`, `release`, ...) and never write its fields."""
     import dataclasses
 
     from rapo_agents.rollout.episode import Episode
 
     fields = {field.name for field in dataclasses.fields(Episode)}
+    drivers = [*sorted((ROOT / "rapo_agents" / "rollout").glob("*.py")),
+               *sorted((ROOT / "rapo_agents" / "integrations").rglob("*.py"))]
     writes = {str(path.relative_to(ROOT)): episode_field_writes(path.read_text(encoding="utf-8"), fields)
-              for path in sorted((ROOT / "rapo_agents" / "rollout").glob("*.py")) if path.name != "episode.py"}
+              for path in drivers if path.name != "episode.py"}
     assert {path: found for path, found in writes.items() if found} == {}
 
 

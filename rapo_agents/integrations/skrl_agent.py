@@ -6,13 +6,15 @@ NEXT_STEP skrl would record the reset steps as transitions whose actions the env
 retrieval wrapper when asked, and the token-id wrappers (text <-> ``Box`` of token ids), wrapped
 by ``skrl.envs.wrappers.torch.wrap_env(..., wrapper="gymnasium")``.
 
-`RapoSkrlAgent` turns skrl's calls into rapo's episode bookkeeping:
+`RapoSkrlAgent` drives one `rapo_agents.rollout.episode.Episode` per env slot, as the rollout engine and the
+verl agent loop do (the episode keeps all the bookkeeping):
 
-- ``act``: decodes each env's observation, appends it to that episode's token context (the
-  first one of an episode opens it with the chat template), generates one turn per env with the
-  rapo `Policy` (stop at closing tool tags) and returns the turn's token ids as the action;
-- ``record_transition``: keeps rewards, episode ends and ``info["retrieval"]``; a finished episode
-  becomes a `rapo_env.trajectory.Trajectory` (grouped by question for the advantages);
+- ``act``: decodes each env's observation, opens an episode with the first one (chat template) or appends it
+  (`Episode.add_observation`, which ends the episode with ``length`` when it no longer fits), generates one turn
+  per env with the rapo `Policy` (stop at closing tool tags) and returns the turn's token ids as the action;
+- ``record_transition``: the turn's outcome (`Episode.record_outcome`: reward, tool, end); a finished episode
+  becomes a `rapo_env.trajectory.Trajectory` (grouped by question for the advantages). An episode the token
+  budget ended while its env goes on sends empty turns until the env ends it;
 - ``post_interaction`` -> ``update``: once ``episodes_per_update`` episodes have finished, RAPO's
   advantages and loss (`rapo_agents.batch.build_batch` + `rapo_agents.update.ppo_update`, spec §5-7).
 
@@ -176,7 +178,8 @@ class RapoSkrlAgent(Agent):
         )
         self.episodes: list[Episode | None] = []
         """Each env slot's running episode (None between an episode's end and the next observation)."""
-        self.pending_retrieval: list[dict[str, Any] | None] = []
+        self.pending_info: list[dict[str, Any]] = []
+        """Each env slot's last step info, for the observation that the next ``act`` brings."""
         self.episodes_started = 0
         self.finished: list[Trajectory] = []
         self.update_stats: list[dict[str, float]] = []
@@ -192,17 +195,22 @@ class RapoSkrlAgent(Agent):
             episode = self.episodes[slot]
             if episode is None:
                 self._start_episode(slot, text)
-            else:
-                episode.record.add_observation(text, self.pending_retrieval[slot])
-                self.pending_retrieval[slot] = None
-        params = [self._sampling(slot) for slot in range(count)]
-        generations = self.policy.generate([self.episodes[slot].record.token_ids for slot in range(count)], params)
+            elif not episode.done:
+                episode.add_observation(text, self.pending_info[slot])
+                if episode.done:  # the budget ended it: its trajectory is complete, its env goes on
+                    self.finished.append(episode.to_trajectory("skrl"))
+        playing = [slot for slot in range(count) if not self.episodes[slot].done]
+        generations = self.policy.generate([self.episodes[slot].record.token_ids for slot in playing],
+                                           [self._sampling(slot) for slot in playing]) if playing else []
         actions = np.full((count, self.action_codec.max_tokens), self.action_codec.pad_id, dtype=np.int64)
-        for slot, generation in enumerate(generations):
-            record = self.episodes[slot].record
-            step = record.add_generation(generation, self.vocab_size)
-            tokens = record.token_ids[step.token_start : step.token_end]
-            actions[slot, : len(tokens)] = tokens
+        for slot, generation in zip(playing, generations, strict=True):
+            episode = self.episodes[slot]
+            if episode.add_generation(generation, self.vocab_size):
+                step = episode.record.steps[-1]
+                tokens = episode.record.token_ids[step.token_start : step.token_end]
+                actions[slot, : len(tokens)] = tokens
+            else:  # policy_error: the episode is over, its env gets empty turns until it ends
+                self.finished.append(episode.to_trajectory("skrl"))
         return torch.as_tensor(actions, device=self.device), {}
 
     def record_transition(self, *, observations, states, actions, rewards, next_observations, next_states,
@@ -212,25 +220,17 @@ class RapoSkrlAgent(Agent):
             next_observations=next_observations, next_states=next_states, terminated=terminated,
             truncated=truncated, infos=infos, timestep=timestep, timesteps=timesteps,
         )
-        done = (terminated | truncated).view(-1).tolist()
-        step_rewards = rewards.view(-1).tolist()
-        for slot, ended in enumerate(done):
+        ends = zip(terminated.view(-1).tolist(), truncated.view(-1).tolist(), strict=True)
+        for slot, (reward, (ended, cut)) in enumerate(zip(rewards.view(-1).tolist(), ends, strict=True)):
             episode = self.episodes[slot]
-            episode.reward += float(step_rewards[slot])
-            step_info = self._slot_info(infos.get("final_info", {}), slot) if ended else self._slot_info(infos, slot)
-            step = episode.record.steps[-1]
-            step.tool, step.tool_ok = step_info.get("tool"), step_info.get("tool_ok")
-            if ended:
-                metrics = step_info.get("metrics")
-                episode.metrics = dict(metrics) if isinstance(metrics, dict) else {}
-                episode.num_tool_calls = int(step_info.get("tool_calls", 0) or 0)
-                episode.end_reason = str(step_info.get("episode_end", "done"))
-                self.finished.append(episode.to_trajectory("skrl"))
+            step_info = self._slot_info(infos.get("final_info", {}) if ended or cut else infos, slot)
+            if not episode.done:  # (one the budget ended waits for its env to end)
+                episode.record_outcome(reward, ended, cut, step_info)
+                if episode.done:
+                    self.finished.append(episode.to_trajectory("skrl"))
+            self.pending_info[slot] = step_info
+            if ended or cut:
                 self.episodes[slot] = None  # SAME_STEP: the next observation opens a new episode
-            else:
-                retrieval = step_info.get("retrieval")
-                self.pending_retrieval[slot] = dict(retrieval) if retrieval else None
-                step.retrieval = self.pending_retrieval[slot]
 
     def pre_interaction(self, *, timestep: int, timesteps: int) -> None:
         """Nothing to prepare: rollouts are the agent's own episode records."""
@@ -273,7 +273,7 @@ class RapoSkrlAgent(Agent):
     def _ensure_slots(self, count: int) -> None:
         while len(self.episodes) < count:
             self.episodes.append(None)
-            self.pending_retrieval.append(None)
+            self.pending_info.append({})
 
     def _start_episode(self, slot: int, prompt: str) -> None:
         # The question is the task id: build_batch then groups the rollouts of one question.
@@ -281,7 +281,6 @@ class RapoSkrlAgent(Agent):
         episode.begin(prompt, {"task_id": prompt, "system_prompt": self.system_prompt}, self.tokenizer,
                       self.cfg.max_prompt_tokens, self.cfg.max_response_tokens)
         self.episodes[slot] = episode
-        self.pending_retrieval[slot] = None
         self.episodes_started += 1
 
     def _sampling(self, slot: int) -> SamplingParams:

@@ -1,8 +1,10 @@
 """One episode while it runs (token in, token out): `Episode` (its state) and `EpisodeRecord` (its tokens).
 
 `Episode` is the single owner of a running episode's state: who it is (task, rollout, group), its env,
-its token record and its outcome (reward, end reason, tool calls). It changes only through
-`Episode.add_generation` (a policy turn) and `Episode.add_step` (what ``env.step`` returned), and
+its token record and its outcome (reward, end reason, tool calls). It changes only through its methods:
+`Episode.start` (or `Episode.begin`), `Episode.add_generation` (a policy turn), `Episode.add_step` (what
+``env.step`` returned: `Episode.record_outcome` and `Episode.add_observation`), ARPO's `Episode.branch` and
+`Episode.refill`, and `Episode.release`; and
 `Episode.to_trajectory` is the one way to turn it into a `rapo_env.trajectory.Trajectory` (the rollout
 engine, the verl agent loop and the skrl agent all use it).
 
@@ -380,25 +382,39 @@ class Episode:
 
     def add_step(self, observation: str, reward: float, terminated: bool, truncated: bool,
                  info: dict[str, Any]) -> None:
-        """Record what ``env.step`` returned for the last turn.
+        """Record what ``env.step`` returned for the last turn: `record_outcome`, then, unless the env ended the
+        episode, `add_observation`."""
+        self.record_outcome(reward, terminated, truncated, info)
+        if self.done:  # the env's last words (usually none) are kept, never tokenized
+            self.record.steps[-1].observation = split_spliced_text(observation, info)
+        else:
+            self.add_observation(observation, info)
 
-        The episode ends when the env ends it, or with ``length`` when the env's own observation does not
-        fit the response budget (or fills it): it is then scored with the env's reward function. A retrieval
-        splice that does not fit is skipped instead (`EpisodeRecord.add_observation`) and the step keeps no
+    def record_outcome(self, reward: float, terminated: bool, truncated: bool, info: dict[str, Any]) -> None:
+        """The last turn's outcome: its tool, the reward, the tool-call count, and the end when the env ends the
+        episode (with its metrics). A driver that gets the observation apart (skrl's vector env) calls this and
+        `add_observation` itself; `add_step` does both."""
+        step = self.record.steps[-1]
+        step.tool, step.tool_ok = info.get("tool"), info.get("tool_ok")
+        self.num_tool_calls = int(info.get("tool_calls", self.num_tool_calls))
+        self.reward += float(reward)
+        if terminated or truncated:
+            self.end_reason = str(info.get("episode_end", "answer" if terminated else "truncated"))
+            if "env_error" in info:
+                self.error = info["env_error"]
+            self.metrics = dict(info.get("metrics", {}))
+
+    def add_observation(self, observation: str, info: dict[str, Any]) -> None:
+        """Append the env's observation to the token record (``info["retrieval"]`` marks a splice in it).
+
+        The episode ends with ``length`` when the env's own observation does not fit the response budget (or
+        fills it): it is then scored with the env's reward function. A retrieval splice that does not fit is
+        skipped instead (`EpisodeRecord.add_observation`), the wrapper is told, and the step keeps no
         retrieval mark.
         """
         record = self.record
         step = record.steps[-1]
         step.observation = split_spliced_text(observation, info)
-        step.tool, step.tool_ok = info.get("tool"), info.get("tool_ok")
-        self.num_tool_calls = int(info.get("tool_calls", self.num_tool_calls))
-        self.reward += float(reward)
-        if terminated or truncated:
-            self.end_reason = info.get("episode_end", "answer" if terminated else "truncated")
-            if "env_error" in info:
-                self.error = info["env_error"]
-            self.metrics = dict(info.get("metrics", {}))
-            return
         retrieval = dict(info["retrieval"]) if info.get("retrieval") else None
         fits = record.add_observation(observation, retrieval)
         step.retrieval = retrieval if retrieval is not None and "token_span" in retrieval else None
