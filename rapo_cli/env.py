@@ -33,7 +33,8 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("env", metavar="ENV_ID", help="a registered env id (`rapo envs` lists them)")
     parser.add_argument("--env-kwargs", default="{}", help="JSON dict of gym.make keyword arguments")
     parser.add_argument("--host", default="127.0.0.1", help="interface to bind (0.0.0.0 to serve other machines)")
-    parser.add_argument("--port", type=int, default=int(os.environ.get("RAPO_ENV_PORT", ENV_PORT)))
+    parser.add_argument("--port", type=int, default=int(os.environ.get("RAPO_ENV_PORT", ENV_PORT)),
+                        help=f"port to listen on (default {ENV_PORT}, or $RAPO_ENV_PORT)")
     parser.add_argument("--max-sessions", type=int, default=64, help="sessions (envs) at once; more are refused")
     parser.add_argument("--idle-timeout", type=float, default=600.0,
                         help="seconds a session may send nothing before its env is closed (0: never)")
