@@ -6,7 +6,7 @@ Example:
     'StepTraceRetrievalWrapper'
 """
 
-from rapo_env.wrappers.retrieval import StepTraceRetrievalWrapper
+from rapo_env.wrappers.retrieval import RetrievalSettings, StepTraceRetrievalWrapper
 from rapo_env.wrappers.token_ids import TokenIdsAction, TokenIdsObservation
 
-__all__ = ["StepTraceRetrievalWrapper", "TokenIdsAction", "TokenIdsObservation"]
+__all__ = ["RetrievalSettings", "StepTraceRetrievalWrapper", "TokenIdsAction", "TokenIdsObservation"]

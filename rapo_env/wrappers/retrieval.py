@@ -50,6 +50,7 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Literal
 
 import gymnasium as gym
@@ -103,6 +104,71 @@ REFERENCE_EMPTY_TEXT = "Error processing retrieve results: max() arg is an empty
 takes the ``max`` of the empty hit list and splices the error it catches."""
 
 
+@dataclasses.dataclass(frozen=True)
+class RetrievalSettings:
+    """How `StepTraceRetrievalWrapper` retrieves and splices (spec §4); one set of defaults, recorded whole.
+
+    Example:
+        >>> RetrievalSettings(retrieve_prob=1.0, hybrid_rule="reference").fallback == REFERENCE_FALLBACK_TEXT
+        True
+    """
+
+    retrieve_prob: float = 0.5
+    """Probability of a retrieval after each retrieval round (``retrieve_after``) of a hybrid rollout."""
+    topk: int = 3
+    """Candidates considered per retrieval."""
+    select: Literal["max_reward", "most_similar"] = "max_reward"
+    """``max_reward`` (reference: highest reward, ties by similarity) or ``most_similar`` (paper)."""
+    no_retrieve_first_k: int = 8
+    """The first k rollouts of each group stay on-policy."""
+    group_size: int = 16
+    """Rollouts per question (``ROLLOUT_N``); the rollout index is taken modulo it."""
+    template: str = REFERENCE_TEMPLATE
+    """The splice format, with a ``{value}`` placeholder."""
+    fallback_text: str | None = None
+    """Spliced (inside ``template``) when the chosen candidate's reward is <= 0; None: `fallback`'s default."""
+    allow_final_steps: bool = False
+    """Splice final-answer steps too (off by default: they break the one-answer format)."""
+    hybrid_rule: Literal["paper", "reference"] = "paper"
+    """``paper`` (index >= k is hybrid; a failed or empty retrieval splices nothing) or ``reference`` (index > k;
+    a failed or empty retrieval splices the reference's error text)."""
+    retrieve_after: Literal["any_round", "tool_round"] = "any_round"
+    """``any_round`` (reference: every round the episode goes on from) or ``tool_round`` (only rounds that ran
+    a tool); see the module docstring."""
+    max_context_chars: int | None = None
+    """Skip a splice that would make the context longer than this (None: no limit)."""
+    seed: int | None = None
+    """Seed of the wrapper's random generator; ``reset(seed=...)`` reseeds it."""
+    vector_safe_info: bool = False
+    """For Gymnasium vector envs, which merge infos into typed arrays and cannot mix None with dicts or integers:
+    leave ``retrieval``/``retrieval_error`` out of ``info`` on steps without them (the vector env's
+    ``_retrieval`` mask tells which sub-envs spliced) and mark the fallback with ``chosen = -1`` instead of None."""
+
+    def __post_init__(self) -> None:
+        for name, allowed in (("select", SELECT_RULES), ("hybrid_rule", HYBRID_RULES),
+                              ("retrieve_after", RETRIEVE_AFTER)):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
+        if not 0.0 <= self.retrieve_prob <= 1.0:
+            raise ValueError(f"retrieve_prob must be in [0, 1], got {self.retrieve_prob}")
+        if self.topk < 1:
+            raise ValueError(f"topk must be at least 1, got {self.topk}")
+        if self.no_retrieve_first_k < 0 or self.group_size < 1:
+            raise ValueError("no_retrieve_first_k must be >= 0 and group_size >= 1")
+        if "{value}" not in self.template:
+            raise ValueError("template must contain the placeholder {value}")
+        if self.max_context_chars is not None and self.max_context_chars < 1:
+            raise ValueError(f"max_context_chars must be positive or None, got {self.max_context_chars}")
+
+    @property
+    def fallback(self) -> str:
+        """``fallback_text``, or by default the reference's sentence in its ``<think>`` wrapper with
+        ``hybrid_rule="reference"``, else `FALLBACK_TEXT`."""
+        if self.fallback_text is not None:
+            return self.fallback_text
+        return REFERENCE_FALLBACK_TEXT if self.hybrid_rule == "reference" else FALLBACK_TEXT
+
+
 class StepTraceRetrievalWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
     """Splice retrieved step traces into the observations of hybrid rollouts (spec §4).
 
@@ -110,101 +176,22 @@ class StepTraceRetrievalWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
         env: any env with ``str`` observations and actions.
         retriever: a `Retriever`, or the URL of a ``/retrieve`` service (``http://host:port``). Whoever owns
             the training data builds a default buffer (`rapo_agents.buffer_build.default_retriever`).
-        retrieve_prob: probability of a retrieval after each tool round of a hybrid rollout.
-        topk: candidates considered per retrieval.
-        select: ``"max_reward"`` (reference: highest reward, ties by similarity) or ``"most_similar"`` (paper).
-        no_retrieve_first_k: the first k rollouts of each group stay on-policy.
-        group_size: rollouts per question (``ROLLOUT_N``); the rollout index is taken modulo it.
-        template: the splice format, with a ``{value}`` placeholder.
-        fallback_text: spliced (inside ``template``) when the chosen candidate's reward is <= 0; None: the
-            reference's sentence in its ``<think>`` wrapper with ``hybrid_rule="reference"``, else `FALLBACK_TEXT`.
-        allow_final_steps: splice final-answer steps too (off by default: they break the one-answer format).
-        hybrid_rule: ``"paper"`` (index >= k is hybrid; a failed or empty retrieval splices nothing) or
-            ``"reference"`` (index > k; a failed or empty retrieval splices the reference's error text).
-        retrieve_after: ``"any_round"`` (reference: every round the episode goes on from) or ``"tool_round"``
-            (only rounds that ran a tool); see the module docstring.
-        max_context_chars: skip a splice that would make the context longer than this (None: no limit).
-        seed: seed of the wrapper's random generator; ``reset(seed=...)`` reseeds it.
-        vector_safe_info: for Gymnasium vector envs, which merge infos into typed arrays and cannot mix
-            None with dicts or integers: leave ``retrieval``/``retrieval_error`` out of ``info`` on steps
-            without them (the vector env's ``_retrieval`` mask tells which sub-envs spliced) and mark
-            the fallback with ``chosen = -1`` instead of None.
+        settings: how it retrieves and splices (`RetrievalSettings`; default its defaults).
+        **overrides: fields of `RetrievalSettings` to set on top of ``settings`` (``retrieve_prob=1.0``).
     """
 
-    def __init__(
-        self,
-        env: gym.Env,
-        retriever: Retriever | str,
-        retrieve_prob: float = 0.5,
-        topk: int = 3,
-        select: Literal["max_reward", "most_similar"] = "max_reward",
-        no_retrieve_first_k: int = 8,
-        group_size: int = 16,
-        template: str = REFERENCE_TEMPLATE,
-        fallback_text: str | None = None,
-        allow_final_steps: bool = False,
-        hybrid_rule: Literal["paper", "reference"] = "paper",
-        retrieve_after: Literal["any_round", "tool_round"] = "any_round",
-        max_context_chars: int | None = None,
-        seed: int | None = None,
-        vector_safe_info: bool = False,
-    ):
-        if not 0.0 <= retrieve_prob <= 1.0:
-            raise ValueError(f"retrieve_prob must be in [0, 1], got {retrieve_prob}")
-        if topk < 1:
-            raise ValueError(f"topk must be at least 1, got {topk}")
-        if select not in SELECT_RULES:
-            raise ValueError(f"select must be one of {SELECT_RULES}, got {select!r}")
-        if hybrid_rule not in HYBRID_RULES:
-            raise ValueError(f"hybrid_rule must be one of {HYBRID_RULES}, got {hybrid_rule!r}")
-        if retrieve_after not in RETRIEVE_AFTER:
-            raise ValueError(f"retrieve_after must be one of {RETRIEVE_AFTER}, got {retrieve_after!r}")
-        if no_retrieve_first_k < 0 or group_size < 1:
-            raise ValueError("no_retrieve_first_k must be >= 0 and group_size >= 1")
-        if "{value}" not in template:
-            raise ValueError("template must contain the placeholder {value}")
-        if max_context_chars is not None and max_context_chars < 1:
-            raise ValueError(f"max_context_chars must be positive or None, got {max_context_chars}")
+    def __init__(self, env: gym.Env, retriever: Retriever | str, settings: RetrievalSettings | None = None,
+                 **overrides: Any):
+        settings = dataclasses.replace(settings or RetrievalSettings(), **overrides)
         # No deep copy: a retriever is a shared service (model, index, connection pool); the rest is immutable.
-        gym.utils.RecordConstructorArgs.__init__(
-            self,
-            _disable_deepcopy=True,
-            retriever=retriever,
-            retrieve_prob=retrieve_prob,
-            topk=topk,
-            select=select,
-            no_retrieve_first_k=no_retrieve_first_k,
-            group_size=group_size,
-            template=template,
-            fallback_text=fallback_text,
-            allow_final_steps=allow_final_steps,
-            hybrid_rule=hybrid_rule,
-            retrieve_after=retrieve_after,
-            max_context_chars=max_context_chars,
-            seed=seed,
-            vector_safe_info=vector_safe_info,
-        )
+        gym.utils.RecordConstructorArgs.__init__(self, _disable_deepcopy=True, retriever=retriever, settings=settings)
         gym.Wrapper.__init__(self, env)
         if isinstance(retriever, str):
             retriever = retriever_from_url(retriever)
         if not isinstance(retriever, Retriever):
             raise TypeError(f"retriever must implement retrieve(queries, topk), got {type(retriever).__name__}")
-        self.retriever = retriever
-        self.retrieve_prob = retrieve_prob
-        self.topk = topk
-        self.select = select
-        self.no_retrieve_first_k = no_retrieve_first_k
-        self.group_size = group_size
-        self.template = template
-        self.fallback_text = fallback_text if fallback_text is not None else (
-            REFERENCE_FALLBACK_TEXT if hybrid_rule == "reference" else FALLBACK_TEXT)
-        self.allow_final_steps = allow_final_steps
-        self.hybrid_rule = hybrid_rule
-        self.retrieve_after = retrieve_after
-        self.max_context_chars = max_context_chars
-        self.vector_safe_info = vector_safe_info
-        self._seed = seed
-        self._rng = np.random.default_rng(seed)
+        self.retriever, self.settings = retriever, settings
+        self._rng = np.random.default_rng(settings.seed)
         self._context, self._last_splice = "", None
         self._hybrid = True
         self._errors = 0
@@ -214,17 +201,17 @@ class StepTraceRetrievalWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
         """Whether the rollout with this index (within its group) may retrieve; None means yes."""
         if rollout_index is None:
             return True
-        index = int(rollout_index) % self.group_size
-        if self.hybrid_rule == "paper":
-            return index >= self.no_retrieve_first_k
-        return index > self.no_retrieve_first_k
+        index = int(rollout_index) % self.settings.group_size
+        if self.settings.hybrid_rule == "paper":
+            return index >= self.settings.no_retrieve_first_k
+        return index > self.settings.no_retrieve_first_k
 
     def may_retrieve(self, terminated: bool, truncated: bool, info: dict[str, Any]) -> bool:
         """Whether the step just taken is a retrieval round under ``retrieve_after`` (module docstring)."""
         if terminated or truncated:
             return False
         # rapo envs say which tool ran (None: none ran); an env that does not say counts as a tool round.
-        return self.retrieve_after == "any_round" or info.get("tool", True) is not None
+        return self.settings.retrieve_after == "any_round" or info.get("tool", True) is not None
 
     @property
     def context(self) -> str:
@@ -234,7 +221,7 @@ class StepTraceRetrievalWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         if seed is not None:
             # Mixing in the constructor seed keeps two differently-seeded wrappers apart under one env seed.
-            self._rng = np.random.default_rng([seed, 0 if self._seed is None else self._seed])
+            self._rng = np.random.default_rng([seed, 0 if self.settings.seed is None else self.settings.seed])
         observation, info = self.env.reset(seed=seed, options=options)
         self._require_text(observation, "reset")
         rollout_index = (options or {}).get("rollout_index", info.get("rollout_index"))
@@ -245,7 +232,7 @@ class StepTraceRetrievalWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
         self._retrievals = 0
         info = dict(info)
         info.update(hybrid=self._hybrid, retrieval_errors=0, retrievals=0)
-        if not self.vector_safe_info:
+        if not self.settings.vector_safe_info:
             info.update(retrieval=None, retrieval_error=None)
         return observation, info
 
@@ -255,7 +242,8 @@ class StepTraceRetrievalWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
         info = dict(info)
         self._context += action
         retrieval, error = None, None
-        if self._hybrid and self.may_retrieve(terminated, truncated, info) and self._rng.random() < self.retrieve_prob:
+        retrieves = self._hybrid and self.may_retrieve(terminated, truncated, info)
+        if retrieves and self._rng.random() < self.settings.retrieve_prob:
             retrieval, error = self._retrieve(self._context + observation, observation)
         self._last_splice = None
         if retrieval is not None:
@@ -265,9 +253,9 @@ class StepTraceRetrievalWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
             self._retrievals += 1
         self._context += observation
         info.update(hybrid=self._hybrid, retrieval_errors=self._errors, retrievals=self._retrievals)
-        if retrieval is not None or not self.vector_safe_info:
+        if retrieval is not None or not self.settings.vector_safe_info:
             info["retrieval"] = retrieval
-        if error is not None or not self.vector_safe_info:
+        if error is not None or not self.settings.vector_safe_info:
             info["retrieval_error"] = error
         return observation, reward, terminated, truncated, info
 
@@ -291,7 +279,8 @@ class StepTraceRetrievalWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
 
     def _retrieve(self, query: str, observation: str) -> tuple[dict[str, Any] | None, str | None]:
         """Query the retriever and build the splice; (None, error text) when the retriever failed."""
-        fetch = self.topk if self.allow_final_steps else 2 * self.topk  # room for dropped final steps
+        settings = self.settings
+        fetch = settings.topk if settings.allow_final_steps else 2 * settings.topk  # room for dropped final steps
         try:
             results = self.retriever.retrieve([normalize_context(query)], fetch)
             candidates = list(results[0])
@@ -300,30 +289,30 @@ class StepTraceRetrievalWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
         except Exception as error:  # any retriever failure: no splice on this step (paper), the episode goes on
             self._errors += 1
             message = f"{type(error).__name__}: {error}"
-            if self.hybrid_rule != "reference":
+            if settings.hybrid_rule != "reference":
                 return None, message
             candidates, failure = [], REFERENCE_ERROR_PREFIX + message  # the reference splices its error
         else:
             failure = REFERENCE_EMPTY_TEXT
             message = None
-        if not self.allow_final_steps:
+        if not settings.allow_final_steps:
             candidates = [c for c in candidates if not (c.is_final or is_final_step_text(c.value))]
-        candidates = candidates[: self.topk]
+        candidates = candidates[: settings.topk]
         chosen: int | None = None
         if not candidates:
-            if self.hybrid_rule != "reference":
+            if settings.hybrid_rule != "reference":
                 return None, None
             value = failure
         else:
-            chosen = select_candidate(candidates, self.select)
+            chosen = select_candidate(candidates, settings.select)
             if candidates[chosen].reward <= 0:
-                value, chosen = self.fallback_text, None
+                value, chosen = settings.fallback, None
             else:
                 value = candidates[chosen].value
-        text = self.template.replace("{value}", value)
+        text = settings.template.replace("{value}", value)
         if (
-            self.max_context_chars is not None
-            and len(self._context) + len(observation) + len(text) > self.max_context_chars
+            settings.max_context_chars is not None
+            and len(self._context) + len(observation) + len(text) > settings.max_context_chars
         ):
             return None, message
         return {
@@ -332,7 +321,7 @@ class StepTraceRetrievalWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
             "candidates": [c.value for c in candidates],
             "scores": [c.score for c in candidates],
             "rewards": [c.reward for c in candidates],
-            "chosen": -1 if chosen is None and self.vector_safe_info else chosen,
+            "chosen": -1 if chosen is None and settings.vector_safe_info else chosen,
             "fallback": chosen is None,
         }, message
 

@@ -355,7 +355,8 @@ def test_rollout_parts_pickle_for_ray_workers(tmp_path, loop_parts):
     assert len(shipped) < 10_000
     env_id, env_kwargs, wrapper = pickle.loads(shipped)
     env = wrapper(make_env_factory(env_id, env_kwargs)())
-    assert isinstance(env, StepTraceRetrievalWrapper) and env.no_retrieve_first_k == 2 and env.group_size == 4
+    assert isinstance(env, StepTraceRetrievalWrapper)
+    assert (env.settings.no_retrieve_first_k, env.settings.group_size) == (2, 4)
     assert len(env.unwrapped.tasks) == 4
     env.close()
 

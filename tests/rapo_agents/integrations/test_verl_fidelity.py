@@ -57,8 +57,8 @@ def test_the_reference_agent_loop_gives_the_wrapper_the_references_rules():
     env = loop.make_env()
     try:
         wrapper = retrieval_wrapper(env)
-        assert (wrapper.select, wrapper.hybrid_rule) == ("max_reward", "reference")
-        assert REFERENCE_FALLBACK_TEXT in wrapper.fallback_text
+        assert (wrapper.settings.select, wrapper.settings.hybrid_rule) == ("max_reward", "reference")
+        assert REFERENCE_FALLBACK_TEXT in wrapper.settings.fallback
     finally:
         env.close()
 
@@ -70,7 +70,8 @@ def test_the_paper_agent_loop_keeps_the_papers_rules():
                      retrieval={"retriever": StaticRetriever([]), "select": "auto"})
     env = loop.make_env()
     try:
-        assert (retrieval_wrapper(env).select, retrieval_wrapper(env).hybrid_rule) == ("most_similar", "paper")
+        settings = retrieval_wrapper(env).settings
+        assert (settings.select, settings.hybrid_rule) == ("most_similar", "paper")
     finally:
         env.close()
 

@@ -127,7 +127,7 @@ class NoToolEnv(CountingTextEnv):
 def test_by_default_a_round_without_a_tool_call_is_a_retrieval_round():
     """The reference's rule: a model that never calls a tool is still shown expert steps."""
     env = StepTraceRetrievalWrapper(NoToolEnv(), good_retriever(), retrieve_prob=1.0, seed=0)
-    assert env.retrieve_after == "any_round"
+    assert env.settings.retrieve_after == "any_round"
     infos = play(env, 3)
     assert len(infos) == 3 and all(info["retrieval"] is not None for info in infos)
 
@@ -297,7 +297,7 @@ def test_rebuilt_from_env_spec():
     env = StepTraceRetrievalWrapper(gym.make(TOY_ID), good_retriever(), retrieve_prob=1.0, topk=2, seed=5)
     rebuilt = gym.make(env.spec)
     assert isinstance(rebuilt, StepTraceRetrievalWrapper)
-    assert (rebuilt.retrieve_prob, rebuilt.topk) == (1.0, 2)
+    assert (rebuilt.settings.retrieve_prob, rebuilt.settings.topk) == (1.0, 2)
     rebuilt.reset()
     assert rebuilt.step("<python>1</python>")[4]["retrieval"] is not None
 
