@@ -158,6 +158,8 @@ def test_hostile_actions_get_error_replies_and_the_session_goes_on(math_server):
     with GenericEnvClient(base_url=math_server).sync() as client:
         with pytest.raises(RuntimeError, match="send a reset before a step"):
             client.step({"text": PYTHON_TURN})
+        with pytest.raises(RuntimeError, match="task_index 99 is outside 0..7"):
+            client.reset(task_index=99)
         client.reset(task_index=1)
         for bad in ({}, {"text": 7}, {"text": "x", "extra": 1}):
             with pytest.raises(RuntimeError, match="VALIDATION_ERROR"):
