@@ -116,8 +116,13 @@ def to_json(value: Any) -> Any:
 
 
 def make_rapo_env(env_id: str, env_kwargs: Mapping[str, Any] | None = None, retrieval: Retrieval = None) -> gym.Env:
-    """``gym.make(env_id, **env_kwargs)``, inside `StepTraceRetrievalWrapper` when ``retrieval`` is given."""
-    env = gym.make(env_id, **dict(env_kwargs or {}))
+    """``gym.make(env_id, **env_kwargs)``, inside `StepTraceRetrievalWrapper` when ``retrieval`` is given.
+
+    Gymnasium's passive env checker is off unless ``env_kwargs`` turns it on: after a first reset that raises (a bad
+    ``task_index`` from a client) its first step fails for good (gymnasium 1.4 keeps no reset data to compare), and
+    a session must survive a bad request.
+    """
+    env = gym.make(env_id, **{"disable_env_checker": True, **(env_kwargs or {})})
     if retrieval is None:
         return env
     wrapper_kwargs = dict(retrieval) if isinstance(retrieval, Mapping) else {"retriever": retrieval}
