@@ -59,9 +59,22 @@ class ThreadConnections:
         self._opened: list[sqlite3.Connection] = []
         self._lock = threading.Lock()
         connection = self.get()
-        connection.execute("PRAGMA journal_mode=WAL")
+        self._enable_wal(connection)
         connection.execute(schema)
         connection.commit()
+
+    def _enable_wal(self, connection: sqlite3.Connection) -> None:
+        # Switching a fresh file to WAL takes an exclusive lock, and SQLite answers "database is locked" at once
+        # (without its busy handler) while another process is doing the same: retry until the busy timeout.
+        deadline = time.monotonic() + self._busy_timeout_s
+        while True:
+            try:
+                connection.execute("PRAGMA journal_mode=WAL")
+                return
+            except sqlite3.OperationalError as error:
+                if "locked" not in str(error) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.01)
 
     def get(self) -> sqlite3.Connection:
         """This thread's connection."""

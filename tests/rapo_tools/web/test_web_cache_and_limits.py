@@ -156,3 +156,23 @@ def test_a_429_retry_after_pauses_every_search_sharing_the_budget(web_url, bing_
     with WebSearchTool(config) as throttled, WebSearchTool(config) as other:
         waited = run_sync(both(throttled, other))  # on the portal loop, where the tools close their clients
     assert waited >= 0.5  # the burst of 10 was open, but the server's pause holds for everyone on the budget
+
+
+OPENER = """
+import sys, time
+from rapo_tools.web.rate_limit import RateLimiter
+time.sleep(max(0.0, float(sys.argv[2]) - time.time()))
+RateLimiter(rate_per_s=10.0, burst=1, path=sys.argv[1], name="bing").close()
+print("opened")
+"""
+
+
+def test_processes_opening_a_fresh_shared_file_at_once_all_get_it(tmp_path):
+    # Turning a new file to WAL mode is refused at once ("database is locked") while another process does the
+    # same; every opener must wait its turn instead of failing.
+    for round_ in range(3):
+        start_at = time.time() + 1.5
+        openers = [subprocess.Popen([sys.executable, "-c", OPENER, str(tmp_path / f"{round_}.sqlite"), str(start_at)],
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(8)]
+        results = [opener.communicate(timeout=60) for opener in openers]
+        assert [out.strip() for out, _ in results] == ["opened"] * 8, [err[-300:] for _, err in results if err]
