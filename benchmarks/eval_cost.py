@@ -29,6 +29,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # see tests/conftest.py: spinning threads on a busy machine
 
+from _machine import cpu_facts
 from _report import report
 from _rounds import interleaved_rounds, show, spread
 from rapo_agents.config import load_config
@@ -41,18 +42,6 @@ from rapo_agents.warmup import warm_up
 SYSTEMS = {"cache off": (0, 32), "cache on": (DEFAULT_PREFIX_CACHE_BYTES, 32),
            "cache on, batch 64": (DEFAULT_PREFIX_CACHE_BYTES, 64)}
 """name -> (prefix cache bytes, max_batch_size)."""
-
-
-def cpu_model() -> str:
-    """The CPU's model name (``/proc/cpuinfo``), as ``lscpu`` prints it."""
-    try:
-        with open("/proc/cpuinfo") as cpuinfo:
-            for line in cpuinfo:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown"
 
 
 def warmed_up_trainer(questions: int, output_dir: str, weight_format: str | None) -> RAPOTrainer:
@@ -123,7 +112,7 @@ def main() -> None:
                      "accuracy": show(figures["accuracy"], 3), "same verdicts": f"{agree}/{len(reference)}",
                      "figures": figures})
     load = spread(loads)
-    cpu = cpu_model()
+    cpu = cpu_facts()["model"]
     columns = [c for c in rows[0] if c != "figures"]
     name = "eval_cost" if args.weight_format is None else f"eval_cost_{args.weight_format}"
     report(name, f"held-out eval of configs/default.yaml after its warm-up, {questions} questions, "

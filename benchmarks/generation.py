@@ -62,6 +62,7 @@ import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
+from _machine import cpu_facts, cpu_line, parse_cpuinfo  # noqa: E402,F401  (parse_cpuinfo: tested here)
 from _report import RESULTS_DIR, report  # noqa: E402
 from _rounds import interleaved_rounds, show, spread  # noqa: E402
 
@@ -71,61 +72,11 @@ QUESTION = ("Natalia sold clips to 48 of her friends in April, and then she sold
             "How many clips did Natalia sell altogether in April and May? Use the python tool to check your "
             "arithmetic, reason step by step, and give the final answer in \\boxed{}.")
 
-ISA_FLAGS = {"AVX2": "avx2", "AVX-512": "avx512f", "AVX-512 VNNI": "avx512_vnni", "AVX-VNNI": "avx_vnni",
-             "AVX-512 BF16": "avx512_bf16", "AMX-BF16": "amx_bf16", "AMX-INT8": "amx_int8"}
-"""ISA name -> its ``/proc/cpuinfo`` flag: the extensions int8 and bf16 kernels dispatch on."""
-
-ISA_ENV = ("FBGEMM_ENABLE_INSTRUCTIONS", "MKL_ENABLE_INSTRUCTIONS", "ATEN_CPU_CAPABILITY", "DNNL_MAX_CPU_ISA",
-           "CT2_FORCE_CPU_ISA")
-"""Environment variables that cap the ISA of fbgemm, MKL (CTranslate2's int8 GEMM), torch, oneDNN and CTranslate2."""
-
 ENGINE_LABELS = {"hf": "HF", "fast": "Fast", "ct2": "CT2"}
 """Column names of the engines: `HFPolicy`, `FastPolicy`, the CTranslate2 anchor."""
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "default.yaml"
 """The run whose held-out questions and settings the accuracy comparison uses."""
-
-
-# ---- the machine ------------------------------------------------------------------------------------------
-
-def parse_cpuinfo(text: str) -> dict[str, Any]:
-    """CPU model and `ISA_FLAGS` present, from the text of ``/proc/cpuinfo`` (its first processor).
-
-    Example:
-        >>> facts = parse_cpuinfo("model name\\t: Some CPU\\nflags\\t: fpu avx avx2 avx512f\\n\\nmodel name\\t: x\\n")
-        >>> facts["model"], facts["isa"]
-        ('Some CPU', ['AVX2', 'AVX-512'])
-    """
-    fields: dict[str, str] = {}
-    for line in text.split("\n\n", 1)[0].splitlines():
-        key, sep, value = line.partition(":")
-        if sep:
-            fields.setdefault(key.strip(), value.strip())
-    flags = set(fields.get("flags", "").split())
-    return {"model": fields.get("model name", "unknown"), "isa": [name for name, flag in ISA_FLAGS.items()
-                                                                 if flag in flags]}
-
-
-def cpu_facts() -> dict[str, Any]:
-    """This CPU's model, ISA flags, torch's dispatch level and the ISA environment knobs that are set."""
-    import torch
-
-    try:
-        with open("/proc/cpuinfo") as cpuinfo:
-            facts = parse_cpuinfo(cpuinfo.read())
-    except OSError:
-        facts = {"model": "unknown (no /proc/cpuinfo)", "isa": []}
-    facts["torch_cpu_capability"] = torch.backends.cpu.get_cpu_capability()
-    facts["isa_env"] = {name: os.environ[name] for name in ISA_ENV if name in os.environ}
-    facts["cores"] = os.cpu_count()
-    return facts
-
-
-def cpu_line(cpu: dict[str, Any]) -> str:
-    """One line naming the CPU, its ISA flags and the knobs in effect (printed with every table)."""
-    knobs = ", ".join(f"{k}={v}" for k, v in cpu["isa_env"].items()) or "no ISA env knobs"
-    return (f"CPU: {cpu['model']} ({cpu['cores']} cores); ISA: {', '.join(cpu['isa']) or 'none listed'}; "
-            f"torch dispatch {cpu['torch_cpu_capability']}; {knobs}")
 
 
 def last_level_cache_bytes() -> int | None:
