@@ -4,7 +4,8 @@ A checkpoint is a folder ``step_000012/`` holding
 
 - the policy as ``save_pretrained`` writes it: ``config.json``, ``model.safetensors``, the tokenizer files and
   its chat template, so ``AutoModelForCausalLM.from_pretrained(folder)`` (and therefore vLLM and ``rapo eval
-  --model folder``) loads it as it is;
+  --model folder``) loads it as it is; with ``model.lora`` on, the adapter instead (``adapter_model.safetensors``
+  and ``adapter_config.json``: `rapo_agents.lora.load_adapted` rebuilds the model, ``rapo export`` merges it);
 - ``trainer_state.pt``: optimizer moments, RNG states, data position and counters, only tensors and plain
   Python data, read back with ``torch.load(weights_only=True)`` so that a shared checkpoint cannot run code;
 - ``trainer_state.json``: the counters and the run's config, for people and for `trained_config`.
@@ -211,13 +212,28 @@ def trained_config(folder: str | os.PathLike[str]) -> Any:
 
 
 def load_weights(model: torch.nn.Module, folder: str | os.PathLike[str]) -> None:
-    """Load the safetensors weights of a checkpoint folder into ``model`` (tied weights included).
+    """Load the safetensors weights of a checkpoint folder into ``model`` (tied weights included), or its LoRA
+    adapter into an adapted ``model`` (`rapo_agents.lora`).
 
     Raises:
-        CheckpointError: when the weights file is missing, unreadable or does not fit the model.
+        CheckpointError: when the weights file is missing, unreadable or does not fit the model (a LoRA checkpoint
+            for a fully fine-tuned model, or the other way round, included).
     """
     from safetensors import SafetensorError
     from safetensors.torch import load_file
+
+    from rapo_agents.lora import has_adapter, is_adapted, load_adapter_weights
+
+    if is_adapted(model) != has_adapter(folder):
+        held, wanted = ("a LoRA adapter", "full weights") if has_adapter(folder) else ("full weights", "an adapter")
+        raise CheckpointError(f"{folder} holds {held} but this run trains {wanted}: resume it with the model.lora "
+                              "settings it was trained with, or start a new run folder")
+    if is_adapted(model):
+        try:
+            load_adapter_weights(model, folder)
+        except ValueError as error:
+            raise CheckpointError(str(error)) from error
+        return
 
     file = Path(folder) / WEIGHTS_FILE
     try:

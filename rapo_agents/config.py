@@ -36,6 +36,7 @@ from typing import Any, Literal
 import yaml
 
 from rapo_agents.heldout import HeldoutConfig
+from rapo_agents.lora import LoraSettings
 from rapo_agents.rapo import RAPOConfig
 from rapo_agents.rollout.branching import ARPOConfig
 from rapo_agents.rollout.config import RolloutConfig
@@ -60,7 +61,11 @@ class ModelConfig:
     trainable_layers: int | None = 10
     """RL updates only the last N decoder layers and the final norm, the rest frozen (None, or N at least the
     number of layers: the whole model; the warm-up always trains the whole model). The backward pass then stops N
-    layers deep: for SmolLM2-135M's 30 layers, N = 10 makes a CPU update about twice as fast."""
+    layers deep: for SmolLM2-135M's 30 layers, N = 10 makes a CPU update about twice as fast. With ``lora`` on,
+    the adapters go on these layers only, and the warm-up trains them too."""
+    lora: LoraSettings = dataclasses.field(default_factory=LoraSettings)
+    """LoRA adapters instead of full fine-tuning (``model.lora.r=16``; `rapo_agents.lora`): every update trains
+    the adapter only, checkpoints hold the adapter, ``rapo export`` merges it. Off (``r=0``) by default."""
 
     def __post_init__(self) -> None:
         check_choices(self)

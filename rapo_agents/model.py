@@ -1,4 +1,5 @@
-"""The trained model of a run: loading, freezing, gradient checkpointing, autocast and the KL reference.
+"""The trained model of a run: loading, freezing (or LoRA adapters), gradient checkpointing, autocast and the KL
+reference.
 
 `RAPOTrainer` builds its model with these functions from ``config.model`` (`rapo_agents.config.ModelConfig`);
 each takes what it needs as arguments, so another loop can reuse them.
@@ -16,6 +17,7 @@ from typing import Any
 import torch
 
 from rapo_agents.config import ModelConfig
+from rapo_agents.lora import add_adapter
 
 
 def resolve_flag(setting: str, on_gpu: bool) -> bool:
@@ -40,9 +42,8 @@ def load_model_and_tokenizer(config: ModelConfig, device: torch.device) -> tuple
     return model.to(device), tokenizer
 
 
-def freeze_all_but_last_layers(model: torch.nn.Module, count: int) -> None:
-    """Leave only the last ``count`` decoder layers and the final norm trainable (embeddings and any tied
-    ``lm_head`` frozen); a ``count`` of at least the number of layers leaves the whole model trainable.
+def last_layers(model: torch.nn.Module, count: int) -> list[int] | None:
+    """Indices of the last ``count`` decoder layers of ``model``, or None when that is all of them.
 
     Raises:
         ValueError: when ``count`` is below 1 or the model has no ``layers`` list.
@@ -53,12 +54,24 @@ def freeze_all_but_last_layers(model: torch.nn.Module, count: int) -> None:
         raise ValueError(f"model.trainable_layers needs a decoder with a layers list; {type(model).__name__} has none")
     if count < 1:
         raise ValueError(f"model.trainable_layers must be >= 1 (or None for the whole model), got {count}")
-    if count >= len(layers):
+    return None if count >= len(layers) else list(range(len(layers) - count, len(layers)))
+
+
+def freeze_all_but_last_layers(model: torch.nn.Module, count: int) -> None:
+    """Leave only the last ``count`` decoder layers and the final norm trainable (embeddings and any tied
+    ``lm_head`` frozen); a ``count`` of at least the number of layers leaves the whole model trainable.
+
+    Raises:
+        ValueError: when ``count`` is below 1 or the model has no ``layers`` list.
+    """
+    trainable = last_layers(model, count)
+    if trainable is None:
         model.requires_grad_(True)
         return
+    decoder = model.get_decoder()
     model.requires_grad_(False)
-    for layer in layers[len(layers) - count:]:
-        layer.requires_grad_(True)
+    for index in trainable:
+        decoder.layers[index].requires_grad_(True)
     norm = getattr(decoder, "norm", None)
     if norm is not None:
         norm.requires_grad_(True)
@@ -66,8 +79,9 @@ def freeze_all_but_last_layers(model: torch.nn.Module, count: int) -> None:
 
 def trainable_model(config: ModelConfig, device: torch.device, model: torch.nn.Module | None = None,
                     tokenizer: Any = None) -> tuple[torch.nn.Module, Any]:
-    """``model`` (or the one ``config`` names, loaded) on ``device``, frozen but for ``config.trainable_layers``,
-    with gradient checkpointing as ``config`` says.
+    """``model`` (or the one ``config`` names, loaded) on ``device``, frozen but for ``config.trainable_layers``
+    (or, with ``config.lora`` on, wrapped in LoRA adapters on those layers), with gradient checkpointing as
+    ``config`` says.
 
     Raises:
         ValueError: for a ``model`` given without its tokenizer.
@@ -77,10 +91,15 @@ def trainable_model(config: ModelConfig, device: torch.device, model: torch.nn.M
     elif tokenizer is None:
         raise ValueError("pass the tokenizer together with the model")
     model = model.to(device)
-    if config.trainable_layers is not None:
+    if config.lora.enabled:
+        layers = None if config.trainable_layers is None else last_layers(model, config.trainable_layers)
+        model = add_adapter(model, config.lora, layers)
+    elif config.trainable_layers is not None:
         freeze_all_but_last_layers(model, config.trainable_layers)
     if resolve_flag(config.gradient_checkpointing, device.type == "cuda"):
         model.gradient_checkpointing_enable()
+        if config.lora.enabled:  # frozen embeddings: checkpointed layers need an input that asks for gradients
+            model.enable_input_require_grads()
     return model, tokenizer
 
 

@@ -38,6 +38,7 @@ import gymnasium as gym
 import torch
 
 from rapo_agents.config import OptimConfig, WarmupConfig
+from rapo_agents.lora import adapter_trainable, is_adapted
 from rapo_agents.model import pad_token_id
 from rapo_agents.policies.base import Generation
 from rapo_agents.rollout.config import RolloutConfig
@@ -253,7 +254,8 @@ def warm_up(model: torch.nn.Module, tokenizer: Any, make_env: Callable[[], gym.E
     """The warm-up of a training run: expert episodes on the env's first questions (within ``rollout``'s budgets),
     then `behaviour_cloning` for the ``config.sft_steps - steps_done`` steps left.
 
-    It trains the whole model (``model.trainable_layers`` restricts the RL updates only) and leaves every
+    It trains the whole model (``model.trainable_layers`` restricts the RL updates only), or a LoRA model's whole
+    adapter (`rapo_agents.lora`: the base weights stay as loaded, so the adapter holds all training), and leaves every
     parameter's ``requires_grad`` as it found it. ``control`` tells what a signal does: while the episodes are
     collected it abandons the warm-up (None is returned), during cloning it stops after the current step.
     """
@@ -269,7 +271,10 @@ def warm_up(model: torch.nn.Module, tokenizer: Any, make_env: Callable[[], gym.E
         return None
     steps = config.sft_steps - steps_done
     trainable = [parameter.requires_grad for parameter in model.parameters()]
-    model.requires_grad_(True)
+    if is_adapted(model):
+        adapter_trainable(model)
+    else:
+        model.requires_grad_(True)
     try:
         with control.phase("warm-up"):
             print(f"warm-up: behaviour cloning, {steps} steps on {len(episodes)} expert episodes", flush=True)

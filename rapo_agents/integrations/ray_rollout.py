@@ -29,6 +29,7 @@ import gymnasium as gym
 import ray
 import torch
 
+from rapo_agents.lora import merged_weights
 from rapo_agents.policies.base import Generation, Policy, SamplingParams
 from rapo_agents.rollout import RolloutConfig, RolloutEngine, RolloutStats
 from rapo_agents.rollout.branching import ARPOConfig
@@ -226,7 +227,7 @@ class RayRolloutEngine:
     def sync_weights(self, source: torch.nn.Module | Mapping[str, torch.Tensor]) -> bool:
         """Push ``source``'s weights to the shared `PolicyActor`, else to every worker's policy, and wait until
         they hold them; whether any policy took them (a scripted or HTTP policy keeps no weights)."""
-        state = source.state_dict() if isinstance(source, torch.nn.Module) else source
+        state = merged_weights(source)
         # One copy in the object store, whichever number of workers reads it.
         state_ref = ray.put({name: tensor.detach().cpu() for name, tensor in state.items()})
         targets = [self.policy_actor] if self.policy_actor is not None else self.workers

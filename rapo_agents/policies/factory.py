@@ -53,8 +53,8 @@ def make_policy(
     """A policy of backend ``kind``.
 
     Args:
-        kind: ``hf`` (transformers; ``model`` = HF folder, default the embedded SmolLM2; decoded as ``engine``
-            says, one of `HF_ENGINES`), ``vllm`` (``model``
+        kind: ``hf`` (transformers; ``model`` = HF folder or a LoRA checkpoint of a rapo run, default the embedded
+            SmolLM2; decoded as ``engine`` says, one of `HF_ENGINES`), ``vllm`` (``model``
             required), ``openai`` (``base_url`` and ``tokenizer`` required; ``model`` = the served model id) or
             ``scripted`` (plays ``turns``). ``embedded`` as ``model`` or ``tokenizer`` is the embedded SmolLM2.
         kwargs: passed to the backend's constructor.
@@ -72,10 +72,18 @@ def make_policy(
 
         if engine not in HF_ENGINES:
             raise ValueError(f"unknown hf engine {engine!r}; choose one of {HF_ENGINES}")
+        from rapo_agents.lora import has_adapter, load_adapted
+
         max_batch_size = kwargs.pop("max_batch_size", 32)
         weight_format = kwargs.pop("weight_format", None)
-        loaded = HFPolicy.from_pretrained(model, device=device, **kwargs)
-        return policy_for_model(loaded.model, loaded.tokenizer, engine, max_batch_size=max_batch_size,
+        if model is not None and has_adapter(model):  # a LoRA checkpoint: its base model, the adapter merged
+            from rapo_agents.policies.hf import resolve_device
+
+            loaded_model, loaded_tokenizer = load_adapted(model, resolve_device(device))
+        else:
+            loaded = HFPolicy.from_pretrained(model, device=device, **kwargs)
+            loaded_model, loaded_tokenizer = loaded.model, loaded.tokenizer
+        return policy_for_model(loaded_model, loaded_tokenizer, engine, max_batch_size=max_batch_size,
                                 **({"weight_format": weight_format} if weight_format else {}))
     if kind == "vllm":
         if not model:

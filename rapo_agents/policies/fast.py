@@ -34,6 +34,7 @@ from typing import Any
 
 import torch
 
+from rapo_agents.lora import unwrapped
 from rapo_agents.policies.base import Generation, SamplingParams
 from rapo_agents.policies.decoding import Row, max_stop_chars, step_rows
 from rapo_agents.policies.hf import HFPolicy
@@ -140,7 +141,7 @@ class FastPolicy(HFPolicy):
             # Smoothing is an exact rewrite whatever the scales, so scales from a few updates ago only cost
             # a little int8 precision, while the calibration forward is a third of a repack.
             with self._inference():
-                self._maxima = input_maxima(self.model, self._calibration)
+                self._maxima = input_maxima(unwrapped(self.model), self._calibration)
         self.decoder.load_from(self.model, self._maxima)
         self.prefix_cache.clear()  # KV computed with the old weights
         self._repacks += 1

@@ -35,6 +35,7 @@ from typing import Any
 
 import torch
 
+from rapo_agents.lora import merged_weights
 from rapo_agents.policies.base import Generation, SamplingParams, check_contexts, per_context_sampling
 from rapo_agents.policies.decoding import Row, ThroughputMeter, max_stop_chars, step_rows
 
@@ -155,7 +156,7 @@ class HFPolicy:
         """Bring the policy up to date with ``source``; returns False when it is the same module (free)."""
         if source is self.model:
             return False
-        self.load_state_dict(source.state_dict() if isinstance(source, torch.nn.Module) else source)
+        self.load_state_dict(merged_weights(source))
         return True
 
     # ---- generation --------------------------------------------------------------------------------

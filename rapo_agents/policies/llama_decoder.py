@@ -32,6 +32,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from rapo_agents.lora import merged_weights
+
 SUPPORTED_MODEL_TYPES = ("llama",)
 
 
@@ -257,7 +259,7 @@ class LlamaDecoder:
         multiplied by it, folded into the RMSNorm weights (and the up projection before the down one), so
         the math is unchanged but activation outliers no longer eat the int8 range.
         """
-        state = source.state_dict() if isinstance(source, torch.nn.Module) else dict(source)
+        state = merged_weights(source)
 
         def get(name: str) -> torch.Tensor:
             if name not in state:

@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from rapo_agents.lora import merged_weights
 from rapo_agents.policies.base import (
     Generation,
     SamplingParams,
@@ -41,8 +42,10 @@ class VLLMPolicy:
         vocab_size: the model's vocabulary size (for the reference entropy's log|V|).
     """
 
-    def __init__(self, llm: Any, vocab_size: int | None = None):
+    def __init__(self, llm: Any, vocab_size: int | None = None, lora_request: Any = None):
         self.llm = llm
+        self.lora_request = lora_request
+        """The LoRA adapter every generation applies (``vllm.lora.request.LoRARequest``), or None."""
         self.tokenizer = llm.get_tokenizer()
         self.vocab_size = int(vocab_size or len(self.tokenizer))
         self.name = "vllm"
@@ -60,16 +63,31 @@ class VLLMPolicy:
         seed: int = 0,
         **llm_kwargs: Any,
     ) -> VLLMPolicy:
-        """Start vLLM on ``path`` with prefix caching (and sleep mode, so training can share the GPU)."""
+        """Start vLLM on ``path`` with prefix caching (and sleep mode, so training can share the GPU).
+
+        A LoRA checkpoint of a rapo run (`rapo_agents.lora.has_adapter`) starts vLLM on its run's base model with
+        LoRA on, and every generation applies the adapter (written for vLLM's LoRA API; not run here: no GPU).
+        """
         from transformers import AutoConfig
         from vllm import LLM
 
+        from rapo_agents.lora import adapter_settings, base_model_path, has_adapter
+
+        lora_request = None
+        if has_adapter(path):
+            from vllm.lora.request import LoRARequest
+
+            settings, _ = adapter_settings(path)
+            lora_request = LoRARequest("rapo-adapter", 1, str(path))
+            llm_kwargs = {"enable_lora": True, "max_lora_rank": settings.r, **llm_kwargs}
+            path = base_model_path(path)
         llm = LLM(
             model=path, dtype=dtype, gpu_memory_utilization=gpu_memory_utilization,
             enable_prefix_caching=True, enable_sleep_mode=enable_sleep_mode,
             max_model_len=max_model_len, seed=seed, **llm_kwargs,
         )
-        return cls(llm, vocab_size=getattr(AutoConfig.from_pretrained(path), "vocab_size", None))
+        return cls(llm, vocab_size=getattr(AutoConfig.from_pretrained(path), "vocab_size", None),
+                   lora_request=lora_request)
 
     # ---- generation --------------------------------------------------------------------------------
 
@@ -90,7 +108,8 @@ class VLLMPolicy:
             )
             for p in params
         ]
-        outputs = self.llm.generate([{"prompt_token_ids": c} for c in contexts], vllm_params, use_tqdm=False)
+        outputs = self.llm.generate([{"prompt_token_ids": c} for c in contexts], vllm_params, use_tqdm=False,
+                                    lora_request=self.lora_request)
         return [self._to_generation(output.outputs[0], p) for output, p in zip(outputs, params, strict=True)]
 
     def _to_generation(self, completion: Any, p: SamplingParams) -> Generation:
@@ -135,7 +154,7 @@ class VLLMPolicy:
 
     def sync_weights(self, source: torch.nn.Module | Mapping[str, torch.Tensor]) -> bool:
         """Load ``source``'s weights (a module or a state dict); always a copy with vLLM."""
-        self.load_state_dict(source.state_dict() if isinstance(source, torch.nn.Module) else source)
+        self.load_state_dict(merged_weights(source))
         return True
 
     def sleep(self, level: int = 1) -> None:

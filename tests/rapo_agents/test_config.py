@@ -89,10 +89,11 @@ def test_every_leaf_is_reachable_and_documented():
     from rapo_agents import config as config_module
 
     from rapo_agents import heldout as heldout_module
+    from rapo_agents import lora as lora_module
     from rapo_agents.rollout import config as rollout_config_module
 
-    source = inspect.getsource(config_module) + inspect.getsource(rollout_config_module) + inspect.getsource(
-        heldout_module)
+    source = "".join(inspect.getsource(module) for module in (config_module, rollout_config_module, heldout_module,
+                                                              lora_module))
     for path in paths:
         if path.startswith(("algorithm.", "arpo.")):
             continue  # documented in rapo_agents.rapo.RAPOConfig and rapo_agents.rollout.branching.ARPOConfig
