@@ -179,8 +179,9 @@ def model_folder(value: str | None, setting: str = "--model") -> None:
         raise UsageError(f"{setting}: {value} holds no model (no config.json); {fix}")
 
 
-def endpoint(base_url: str, setting: str = "--base-url", timeout_s: float = 10.0) -> None:
-    """An OpenAI-compatible endpoint answers ``GET {base_url}/models`` (checked before the first question)."""
+def endpoint(base_url: str, setting: str = "--base-url", timeout_s: float = 10.0, model: str | None = None) -> None:
+    """An OpenAI-compatible endpoint answers ``GET {base_url}/models`` (checked before the first question), and
+    serves ``model`` when one is named (``--model``)."""
     import httpx
 
     url = base_url.rstrip("/") + "/models"
@@ -193,6 +194,19 @@ def endpoint(base_url: str, setting: str = "--base-url", timeout_s: float = 10.0
     if response.status_code >= 400:
         raise UsageError(f"{setting}: {url} answered HTTP {response.status_code}; is {base_url} the API root of an "
                          "OpenAI-compatible server (e.g. http://127.0.0.1:8000/v1)?")
+    served = served_models(response)
+    if model is not None and served and model not in served:
+        raise UsageError(f"--model: {base_url} serves no model {model!r}; it serves {', '.join(map(repr, served))} "
+                         "(or leave --model out for the first of them)")
+
+
+def served_models(response: Any) -> list[str]:
+    """The model ids of a ``GET /models`` answer ([] when it lists none in OpenAI's form)."""
+    try:
+        entries = response.json().get("data")
+    except (ValueError, AttributeError):
+        return []
+    return [entry["id"] for entry in entries or [] if isinstance(entry, dict) and isinstance(entry.get("id"), str)]
 
 
 def _in_hf_cache(repo_id: str) -> bool:
@@ -208,6 +222,7 @@ def policy(args: Any) -> None:
         if not args.base_url:
             raise UsageError("--policy openai needs --base-url, e.g. --base-url http://127.0.0.1:8000/v1")
         model(args.tokenizer, "--tokenizer")
+        endpoint(args.base_url, model=args.model)  # a dead endpoint or a wrong model id, before the first question
         return
     if kind == "vllm" and not args.model:
         raise UsageError("--policy vllm needs --model (a model folder or hub id)")

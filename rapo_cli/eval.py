@@ -97,8 +97,6 @@ def check_arguments(args: argparse.Namespace) -> dict:
             raise checks.UsageError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
     if args.output is not None:
         checks.output_file(args.output, "--output")
-    if args.policy == "openai":
-        checks.endpoint(args.base_url)
     return env_kwargs
 
 

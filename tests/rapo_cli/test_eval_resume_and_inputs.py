@@ -1,16 +1,18 @@
 """`rapo eval` after the first hour (issue #29): a resume never mixes two evaluations, a failed generation is
-never a wrong answer, a wrong model path or a typo in --env-kwargs is one line with exit code 2, and a shared
-checkpoint never chooses how the model's code runs (issue #27)."""
+never a wrong answer, an endpoint that is dead or does not serve --model, a wrong model path or a typo in
+--env-kwargs is one line with exit code 2 before the first question, and a shared checkpoint never chooses how the
+model's code runs (issue #27)."""
 
 from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 
 import pytest
+
+from rapo_tools.serving import free_port  # a loopback port nothing listens on
 
 ENV_KWARGS = json.dumps({"num_tasks": 3, "sandbox": "subprocess"})
 
@@ -87,13 +89,40 @@ def test_failed_generations_are_counted_apart_never_scored_and_played_again(tmp_
 
 
 def test_an_openai_policy_on_a_dead_endpoint_stops_before_the_first_question(tmp_path):
-    with socket.socket() as sock:  # a port that nothing listens on
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     result = rapo("eval", "--policy", "openai", "--base-url", f"http://127.0.0.1:{port}/v1", "--limit", "1",
                   cwd=tmp_path)
     assert "no OpenAI-compatible server answers" in one_error_line(result)
     assert not (tmp_path / "runs").exists()
+
+
+@pytest.fixture(scope="module")
+def local_openai_server(tiny_model_dir):
+    """The base URL of `python -m rapo_agents.policies.openai_server` serving the small policy as "rapo-policy"."""
+    from rapo_tools.serving import serve_command
+
+    port = free_port()
+    with serve_command([sys.executable, "-m", "rapo_agents.policies.openai_server", "--model", str(tiny_model_dir),
+                        "--port", str(port)], port) as url:
+        yield f"{url}/v1"
+
+
+def test_an_openai_policy_asking_for_a_model_the_server_does_not_serve_names_the_served_ones(
+        local_openai_server, tmp_path):
+    result = rapo("eval", "--policy", "openai", "--base-url", local_openai_server, "--model", "Qwen2.5-7B",
+                  "--limit", "1", cwd=tmp_path)
+    line = one_error_line(result)
+    assert "--model" in line and "'Qwen2.5-7B'" in line and "'rapo-policy'" in line
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_rollout_on_a_dead_endpoint_is_one_line_too(tmp_path):
+    port = free_port()
+    result = rapo("rollout", "--policy", "openai", "--base-url", f"http://127.0.0.1:{port}/v1", "--episodes", "1",
+                  "--output", str(tmp_path / "out.jsonl"))
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.strip().startswith("rapo rollout: error: --base-url: no OpenAI-compatible server answers")
+    assert not (tmp_path / "out.jsonl").exists()
 
 
 def test_a_model_path_that_does_not_exist_is_one_line_without_the_hub(tmp_path):

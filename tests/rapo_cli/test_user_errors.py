@@ -29,6 +29,7 @@ CASES = {
     "eval: zero questions": (["eval", "--limit", "0"], "--limit"),
     "rollout: missing dataset file": (["rollout", "--env-kwargs", '{"dataset": "nope.jsonl"}'], "dataset"),
     "rollout: unknown env": (["rollout", "--env", "Nope-v0"], "--env"),
+    "rollout: typo in env kwargs": (["rollout", "--env-kwargs", '{"datset": "procedural"}'], "did you mean 'dataset'"),
     "buffer build: missing input": (["buffer", "build", "--input", f"{MISSING}.jsonl", "--output", "b.jsonl"],
                                     "--input"),
     "buffer index: missing corpus": (["buffer", "index", "--corpus_path", f"{MISSING}.jsonl", "--index_path", "x"],
