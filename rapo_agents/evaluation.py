@@ -265,7 +265,8 @@ def evaluate(policy: Policy, config: EvalConfig) -> EvalReport:
         check_resume(output, config)
         found = read_rows(output)
         rows = [row for row in found if not is_failed(row)]
-        print(f"resuming {output}: kept {len(rows)} rows of the same model, env, split and decoding"
+        print(f"resuming {output}: kept {len(rows)} row{'' if len(rows) == 1 else 's'} of the same model, env, split "
+              "and decoding"
               + (f", dropped {len(found) - len(rows)} failed generations (played again)" if len(found) > len(rows)
                  else ""))
     if output is not None and (not config.resume or not read_settings(output)):

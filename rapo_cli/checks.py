@@ -166,12 +166,15 @@ def model(value: str | None, setting: str) -> None:
 
 
 def model_folder(value: str | None, setting: str = "--model") -> None:
-    """A model to load: as `model`, and a local folder must hold a model (its ``config.json``)."""
+    """A model to load: as `model`, and a local folder must hold a model (its ``config.json``) or a LoRA checkpoint
+    of a rapo run (its adapter)."""
+    from rapo_agents.lora import has_adapter
+
     model(value, setting)
     if value is None:
         return
     folder = Path(value).expanduser()
-    if folder.is_dir() and not (folder / "config.json").is_file():
+    if folder.is_dir() and not (folder / "config.json").is_file() and not has_adapter(folder):
         checkpoints = sorted((folder / "checkpoints").glob("step_*")) if (folder / "checkpoints").is_dir() else []
         fix = (f"it is a run folder: give one of its checkpoints, e.g. {checkpoints[-1]}" if checkpoints
                else "give a folder that save_pretrained wrote (a checkpoint step_* folder, an export), a hub id, "

@@ -1,7 +1,8 @@
 """``rapo export``: copy a training checkpoint's policy to a plain Hugging Face model folder.
 
 A checkpoint (``runs/rapo/checkpoints/step_000012``) already holds the policy as ``save_pretrained`` writes it,
-beside the trainer's state. The export keeps the model and tokenizer files only, checks that plain
+beside the trainer's state (a LoRA run's holds its adapter: the export merges it into the run's base model). The
+export keeps the model and tokenizer files only, checks that plain
 ``transformers.AutoModelForCausalLM.from_pretrained`` loads the result, and prints how to use it. A run folder
 stands for its newest checkpoint. The folder also says how the model was prompted, so that a plain ``generate``
 stops where rapo's rollouts stopped: ``rapo_prompt.json`` (the system prompt, the tool tags, the stop strings and
@@ -45,16 +46,20 @@ def resolve_checkpoint(path: str | Path) -> Path:
         UsageError: when ``path`` is neither.
     """
     from rapo_agents.checkpoint import WEIGHTS_FILE, CheckpointManager
+    from rapo_agents.lora import has_adapter
+
+    def holds_policy(folder: Path) -> bool:
+        return (folder / WEIGHTS_FILE).is_file() or has_adapter(folder)
 
     folder = Path(path)
-    if (folder / WEIGHTS_FILE).is_file():
+    if holds_policy(folder):
         return folder
     for candidate in (folder / "checkpoints", folder):
         latest = CheckpointManager(candidate).latest()
-        if latest is not None and (latest / WEIGHTS_FILE).is_file():
+        if latest is not None and holds_policy(latest):
             return latest
-    raise UsageError(f"{path} holds no checkpoint with {WEIGHTS_FILE}: pass a step_* folder of a run's "
-                     "checkpoints/ or the run folder itself (e.g. runs/rapo)")
+    raise UsageError(f"{path} holds no checkpoint with {WEIGHTS_FILE} (or a LoRA adapter): pass a step_* folder of "
+                     "a run's checkpoints/ or the run folder itself (e.g. runs/rapo)")
 
 
 def prompt_card(checkpoint: Path) -> dict[str, Any]:
@@ -128,14 +133,24 @@ print(tokenizer.decode(out[0, ids.shape[1]:]))
 
 
 def run(args: argparse.Namespace) -> int:
+    from rapo_agents.lora import has_adapter, load_adapted
+
     source = resolve_checkpoint(args.checkpoint)
     target = Path(args.out_dir)
     if target.exists() and (not target.is_dir() or any(target.iterdir())):
         raise UsageError(f"{target} exists and is not an empty folder: choose a new out_dir")
     target.mkdir(parents=True, exist_ok=True)
-    for file in sorted(source.iterdir()):
-        if file.is_file() and file.name not in TRAINER_FILES:
-            shutil.copy2(file, target / file.name)
+    if has_adapter(source):  # a LoRA run: its base model with the adapter merged in, as a plain model
+        try:
+            model, tokenizer = load_adapted(source)
+        except ValueError as error:
+            raise UsageError(f"cannot merge the LoRA checkpoint {source}: {error}") from None
+        model.save_pretrained(target, safe_serialization=True)
+        tokenizer.save_pretrained(target)
+    else:
+        for file in sorted(source.iterdir()):
+            if file.is_file() and file.name not in TRAINER_FILES:
+                shutil.copy2(file, target / file.name)
     write_prompt_files(target, prompt_card(source))
     for file in target.iterdir():
         file.chmod(FILE_MODE)

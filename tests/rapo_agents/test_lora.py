@@ -163,3 +163,12 @@ def test_a_lora_run_warms_up_and_trains_the_adapter_only_and_resumes_it(tmp_path
     assert resumed.maybe_resume() == checkpoints[-1]
     for name, tensor in first.model.state_dict().items():
         assert torch.equal(tensor, resumed.model.state_dict()[name]), name
+
+
+def test_the_shipped_lora_config_turns_adapters_on_over_the_default():
+    from pathlib import Path
+
+    config = load_config(Path(__file__).resolve().parents[2] / "configs" / "lora.yaml")
+    default = load_config(None, [])
+    assert config.model.lora.enabled and config.model.trainable_layers == default.model.trainable_layers
+    assert config.optim.lr > default.optim.lr and config.warmup.sft_lr > default.warmup.sft_lr

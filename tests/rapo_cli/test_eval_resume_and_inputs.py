@@ -41,7 +41,7 @@ def test_a_resume_with_other_decoding_is_refused_naming_the_difference(tmp_path)
     assert "temperature" in line and "--no-resume" in line and output in line
     again = scripted_eval("--output", output, "--limit", "2")
     assert again.returncode == 0, again.stderr[-2000:]
-    assert "kept 1 rows" in again.stdout  # every resume says what it kept
+    assert "kept 1 row of" in again.stdout  # every resume says what it kept
     header = json.loads(open(output).readline())["rapo_eval_settings"]
     assert header["model"] == "scripted" and header["env"] == "RAPO-Math-v0" and header["decoding"]["temperature"]
 
