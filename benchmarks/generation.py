@@ -271,6 +271,7 @@ def heldout_accuracy(model: Any, tokenizer: Any, questions: int, label: str) -> 
     answer alike."""
     from rapo_agents.config import load_config
     from rapo_agents.evaluation import EvalConfig, evaluate
+    from rapo_agents.rollout import RolloutConfig
     from rapo_agents.heldout import bootstrap_ci, heldout_env_kwargs, paired_difference
     from rapo_agents.policies.fast import FastPolicy
     from rapo_agents.trainer import training_env_kwargs
@@ -283,9 +284,10 @@ def heldout_accuracy(model: Any, tokenizer: Any, questions: int, label: str) -> 
         for weight_format in ("int8", "fp32"):
             evaluation = EvalConfig(
                 env=config.data.env_id, env_kwargs=heldout_env_kwargs(training_env_kwargs(config), heldout),
-                limit=questions, temperature=0.0, top_p=1.0, top_k=0,
-                max_response_tokens=heldout.max_eval_tokens or config.rollout.max_response_tokens,
-                max_turn_tokens=config.rollout.max_turn_tokens, max_prompt_tokens=config.rollout.max_prompt_tokens,
+                limit=questions, rollout=RolloutConfig(
+                    temperature=0.0, top_p=1.0, top_k=0, max_prompt_tokens=config.rollout.max_prompt_tokens,
+                    max_response_tokens=heldout.max_eval_tokens or config.rollout.max_response_tokens,
+                    max_turn_tokens=config.rollout.max_turn_tokens),
                 output=f"{folder}/{weight_format}.jsonl", resume=False, chunk_size=questions, seed=config.seed,
                 show_progress=False, model=f"{label} ({weight_format})")
             started = time.perf_counter()

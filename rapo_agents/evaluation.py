@@ -46,6 +46,11 @@ DEFAULT_TOOL_CALLS = {"python": 5, "search": 10}
 SETTINGS_KEY = "rapo_eval_settings"
 """Key of the header line that records what produced an eval file's rows."""
 
+EVAL_ROLLOUT = RolloutConfig(rollout_n=1, temperature=0.6, top_p=0.95, top_k=20, max_prompt_tokens=2048,
+                             max_response_tokens=4096, max_turn_tokens=None)
+"""The reference evaluation's decoding: one rollout per question, temperature 0.6, top-p 0.95, top-k 20, 4,096
+response tokens, no per-turn limit."""
+
 FAILED_END_REASONS = frozenset({"policy_error"})
 """End reasons of rollouts whose generation failed: counted apart, not scored, redone on resume."""
 
@@ -64,20 +69,9 @@ class EvalConfig:
     """``gym.make`` keyword arguments (``dataset``, ``split``, ...)."""
     limit: int | None = None
     """Evaluate the first ``limit`` questions (None: all)."""
-    rollouts: int = 1
-    """Rollouts per question (rows carry ``rollout_index``)."""
-    temperature: float = 0.6
-    """Sampling temperature (0: greedy)."""
-    top_p: float = 0.95
-    """Nucleus sampling."""
-    top_k: int = 20
-    """Top-k sampling."""
-    max_response_tokens: int = 4096
-    """Token budget of each episode's response."""
-    max_turn_tokens: int | None = None
-    """Token budget of one model turn (None: the rest of the response budget), as in training's rollouts."""
-    max_prompt_tokens: int = 2048
-    """Longest templated prompt."""
+    rollout: RolloutConfig = dataclasses.field(default_factory=lambda: dataclasses.replace(EVAL_ROLLOUT))
+    """How the rollouts are generated (default `EVAL_ROLLOUT`, the reference's decoding): ``rollout_n`` rollouts
+    per question (rows carry ``rollout_index``), sampling, and the prompt, response and per-turn budgets."""
     max_tool_calls: int | None = None
     """Tool-call limit; None: 5 for python-only envs, 10 for envs with search (the reference's)."""
     metric: str = "auto"
@@ -113,12 +107,13 @@ def eval_settings(config: EvalConfig) -> dict[str, Any]:
         >>> eval_settings(EvalConfig(model="m", env_kwargs={"split": "test"}))["split"]
         'test'
     """
+    rollout = config.rollout
     return {
         "model": config.model, "env": config.env, "env_kwargs": config.env_kwargs,
         "split": config.env_kwargs.get("split"), "metric": config.metric, "max_tool_calls": config.max_tool_calls,
-        "decoding": {"temperature": config.temperature, "top_p": config.top_p, "top_k": config.top_k,
-                     "max_response_tokens": config.max_response_tokens, "max_turn_tokens": config.max_turn_tokens,
-                     "max_prompt_tokens": config.max_prompt_tokens, "seed": config.seed},
+        "decoding": {"temperature": rollout.temperature, "top_p": rollout.top_p, "top_k": rollout.top_k,
+                     "max_response_tokens": rollout.max_response_tokens, "max_turn_tokens": rollout.max_turn_tokens,
+                     "max_prompt_tokens": rollout.max_prompt_tokens, "seed": config.seed},
     }
 
 
@@ -256,7 +251,7 @@ def _env_kwargs_with_limits(config: EvalConfig, tools: Sequence[str]) -> dict[st
 
 
 def evaluate(policy: Policy, config: EvalConfig) -> EvalReport:
-    """Run ``config.rollouts`` rollouts of each question and score them; resumes from ``config.output``."""
+    """Run ``config.rollout.rollout_n`` rollouts of each question and score them; resumes from ``config.output``."""
     from tqdm.auto import tqdm
 
     output = Path(config.output) if config.output else None
@@ -278,18 +273,14 @@ def evaluate(policy: Policy, config: EvalConfig) -> EvalReport:
     finally:
         probe.close()
     metric = config.metric if config.metric != "auto" else ("math" if tools == ["python"] else "qa")
-    rollout = RolloutConfig(
-        rollout_n=config.rollouts, max_prompt_tokens=config.max_prompt_tokens,
-        max_response_tokens=config.max_response_tokens, max_turn_tokens=config.max_turn_tokens,
-        temperature=config.temperature, top_p=config.top_p, top_k=config.top_k,
-    )
-    engine = RolloutEngine(config.env, policy, rollout, env_kwargs=_env_kwargs_with_limits(config, tools))
+    engine = RolloutEngine(config.env, policy, config.rollout, env_kwargs=_env_kwargs_with_limits(config, tools))
+    rollouts = config.rollout.rollout_n
     done = {(row["task_index"], row["rollout_index"]) for row in rows}
     try:
         tasks = engine.tasks
         count = len(tasks) if config.limit is None else min(config.limit, len(tasks))
-        todo = [q for q in range(count) if any((q, i) not in done for i in range(config.rollouts))]
-        bar = tqdm(total=count * config.rollouts, initial=count * config.rollouts - len(todo) * config.rollouts,
+        todo = [q for q in range(count) if any((q, i) not in done for i in range(rollouts))]
+        bar = tqdm(total=count * rollouts, initial=(count - len(todo)) * rollouts,
                    desc=f"eval {config.env}", unit="rollout", disable=not config.show_progress)
 
         def record(trajectory: Trajectory) -> None:

@@ -58,12 +58,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--limit", type=int, default=None, help="evaluate the first N questions")
     parser.add_argument("--rollouts", type=int, default=1, help="rollouts per question")
     parser.add_argument("--greedy", action="store_true", help="greedy decoding (temperature 0)")
-    parser.add_argument("--temperature", type=float, default=defaults.temperature)
-    parser.add_argument("--top-p", type=float, default=defaults.top_p)
-    parser.add_argument("--top-k", type=int, default=defaults.top_k)
+    parser.add_argument("--temperature", type=float, default=defaults.rollout.temperature)
+    parser.add_argument("--top-p", type=float, default=defaults.rollout.top_p)
+    parser.add_argument("--top-k", type=int, default=defaults.rollout.top_k)
     parser.add_argument("--max-tokens", type=int, default=None,
                         help=f"response token budget (default: {EMBEDDED_MAX_TOKENS} for the embedded SmolLM2-135M, "
-                             f"{defaults.max_response_tokens} for any other model)")
+                             f"{defaults.rollout.max_response_tokens} for any other model)")
     parser.add_argument("--max-tool-calls", type=int, default=None,
                         help="tool-call limit (default: 5 for python-only envs, 10 with search)")
     parser.add_argument("--metric", default="auto", choices=["auto", "math", "qa"])
@@ -83,7 +83,7 @@ def max_tokens(args: argparse.Namespace) -> int:
     if args.max_tokens is not None:
         return args.max_tokens
     embedded = args.policy in ("hf", "scripted") and (args.model is None or is_embedded(args.model))
-    return EMBEDDED_MAX_TOKENS if embedded else EvalConfig().max_response_tokens
+    return EMBEDDED_MAX_TOKENS if embedded else EvalConfig().rollout.max_response_tokens
 
 
 def check_arguments(args: argparse.Namespace) -> dict:
@@ -101,10 +101,10 @@ def check_arguments(args: argparse.Namespace) -> dict:
 
 
 def trained_settings(model: str | None, env: str) -> dict[str, Any] | None:
-    """The held-out evaluation settings of the rapo run that wrote checkpoint folder ``model``, as `EvalConfig`
-    fields: its ``gym.make`` keyword arguments (only `CHECKPOINT_ENV_SETTINGS`), response budget and per-turn
-    budget, and under ``"ignored"`` the names of the env settings it left out. None for any other model, or a
-    checkpoint trained on another env."""
+    """The held-out evaluation settings of the rapo run that wrote checkpoint folder ``model``: its ``gym.make``
+    keyword arguments (``env_kwargs``, only `CHECKPOINT_ENV_SETTINGS`), under ``"budgets"`` its response and
+    per-turn budgets (`RolloutConfig` fields), and under ``"ignored"`` the names of the env settings it left out.
+    None for any other model, or a checkpoint trained on another env."""
     from rapo_agents.checkpoint import trained_config
     from rapo_agents.heldout import heldout_env_kwargs
     from rapo_agents.trainer import training_env_kwargs
@@ -115,8 +115,8 @@ def trained_settings(model: str | None, env: str) -> dict[str, Any] | None:
     run_kwargs = heldout_env_kwargs(training_env_kwargs(config), config.evaluation)
     return {"env_kwargs": {k: v for k, v in run_kwargs.items() if k in CHECKPOINT_ENV_SETTINGS},
             "ignored": sorted(k for k in run_kwargs if k not in CHECKPOINT_ENV_SETTINGS),
-            "max_response_tokens": config.evaluation.max_eval_tokens or config.rollout.max_response_tokens,
-            "max_turn_tokens": config.rollout.max_turn_tokens}
+            "budgets": {"max_response_tokens": config.evaluation.max_eval_tokens or config.rollout.max_response_tokens,
+                        "max_turn_tokens": config.rollout.max_turn_tokens}}
 
 
 def default_output(config: Any) -> str:
@@ -145,29 +145,30 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from rapo_agents.evaluation import EvalConfig, evaluate
+    from rapo_agents.evaluation import EVAL_ROLLOUT, EvalConfig, evaluate
     from rapo_agents.policies.factory import policy_from_args
 
     env_kwargs = check_arguments(args)
     console = Console()
     if args.policy == "scripted":
         console.print(SCRIPTED_NOTE)
+    rollout = dataclasses.replace(EVAL_ROLLOUT, rollout_n=args.rollouts, top_p=args.top_p, top_k=args.top_k,
+                                  temperature=0.0 if args.greedy else args.temperature,
+                                  max_response_tokens=max_tokens(args))
     config = EvalConfig(
-        env=args.env, env_kwargs=env_kwargs, limit=args.limit, rollouts=args.rollouts,
-        temperature=0.0 if args.greedy else args.temperature, top_p=args.top_p, top_k=args.top_k,
-        max_response_tokens=max_tokens(args), max_tool_calls=args.max_tool_calls, metric=args.metric,
-        output=args.output, resume=not args.no_resume, seed=args.seed, model=model_label(args),
+        env=args.env, env_kwargs=env_kwargs, limit=args.limit, rollout=rollout, max_tool_calls=args.max_tool_calls,
+        metric=args.metric, output=args.output, resume=not args.no_resume, seed=args.seed, model=model_label(args),
     )
     trained = trained_settings(args.model, args.env) if args.env_kwargs is None else None
     if trained is not None:
-        ignored = trained.pop("ignored")
+        ignored, budgets = trained.pop("ignored"), trained.pop("budgets")
         if args.max_tokens is not None:
-            trained.update(max_response_tokens=args.max_tokens, max_turn_tokens=None)
-        config = dataclasses.replace(config, **trained)
+            budgets.update(max_response_tokens=args.max_tokens, max_turn_tokens=None)
+        config = dataclasses.replace(config, **trained, rollout=dataclasses.replace(config.rollout, **budgets))
         console.print(f"{args.model} was written by `rapo train`: evaluating on its run's held-out settings "
-                      f"{json.dumps(config.env_kwargs)}, {config.max_response_tokens} response tokens "
-                      f"({config.max_turn_tokens} a turn), taken from the checkpoint; --env-kwargs and --max-tokens "
-                      "replace them", markup=False, highlight=False, soft_wrap=True)
+                      f"{json.dumps(config.env_kwargs)}, {config.rollout.max_response_tokens} response tokens "
+                      f"({config.rollout.max_turn_tokens} a turn), taken from the checkpoint; --env-kwargs and "
+                      "--max-tokens replace them", markup=False, highlight=False, soft_wrap=True)
         if ignored:
             console.print(f"not taken from the checkpoint (code execution, services and rewards are never set by "
                           f"a checkpoint; the env's defaults apply): {', '.join(ignored)}", markup=False,

@@ -2,10 +2,10 @@
 
 One buffer per family (``DefaultBufferConfig.task``): the python expert over procedural math, or the search
 expert over the generated knowledge base. On a fresh machine nothing needs downloading: the first call plays
-the expert on the training questions (about 0.1 s per math problem, 0.04 s per QA question), cuts the trajectories into steps, embeds the keys with the
-embedded MiniLM and writes buffer + index under ``$RAPO_CACHE_DIR`` (default ``~/.cache/rapo``)
-in a folder named after the settings and a digest of the problems. Later calls, from any
-process, load the cached files. A file lock keeps concurrent first uses from building twice.
+the expert on the training questions (about 0.1 s per math problem, 0.04 s per QA question), cuts the
+trajectories into steps, embeds the keys with the embedded MiniLM and writes buffer + index under
+``$RAPO_CACHE_DIR`` (default ``~/.cache/rapo``) in a folder named after the settings and a digest of the problems.
+Later calls, from any process, load the cached files. A file lock keeps concurrent first uses from building twice.
 
 `resolve_retriever` turns the strings a config or ``env.spec`` can hold into a retriever:
 ``"default"`` (this buffer, in-process) or a service URL.

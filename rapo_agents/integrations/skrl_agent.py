@@ -41,7 +41,7 @@ from skrl.envs.wrappers.torch import wrap_env
 from rapo_agents.batch import build_batch
 from rapo_agents.policies.base import TOOL_STOP_STRINGS, Policy, SamplingParams
 from rapo_agents.rapo import RAPOConfig
-from rapo_agents.rollout import derive_seed
+from rapo_agents.rollout import RolloutConfig, derive_seed
 from rapo_agents.rollout.episode import Episode
 from rapo_agents.update import UpdateSettings, ppo_update
 from rapo_env.trajectory import Trajectory
@@ -110,26 +110,22 @@ class RapoSkrlAgentCfg(AgentCfg):
     """AdamW weight decay."""
     grad_clip: float = 1.0
     """Global gradient-norm clip."""
-    max_prompt_tokens: int = 512
-    """Longest templated prompt (the user turn is cut from the left beyond it)."""
-    max_response_tokens: int = 1024
-    """Token budget of an episode after its prompt."""
-    max_turn_tokens: int = 128
-    """Most tokens of one policy turn; at most the env's action size."""
-    temperature: float = 1.0
-    """Sampling temperature of the turns."""
-    top_p: float = 1.0
-    """Nucleus sampling of the turns."""
+    rollout: RolloutConfig = dataclasses.field(default_factory=lambda: RolloutConfig(
+        max_prompt_tokens=512, max_response_tokens=1024, max_turn_tokens=128))
+    """How turns are generated: the prompt, response and per-turn budgets (``max_turn_tokens`` at most the env's
+    action size) and the sampling (``temperature``, ``top_p``); skrl runs the episodes, so the scheduling fields are
+    unused."""
     seed: int = 0
     """Seed of the sampling (each turn's seed derives from it, the env slot, the episode and the turn)."""
 
     def validate(self) -> bool:
         if self.experiment.checkpoint_interval != 0:
             raise ValueError("skrl checkpoints would pickle the whole LLM: keep experiment.checkpoint_interval=0")
-        for name in ("episodes_per_update", "ppo_epochs", "micro_batch_size", "max_prompt_tokens",
-                     "max_response_tokens", "max_turn_tokens"):
+        for name in ("episodes_per_update", "ppo_epochs", "micro_batch_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.rollout.max_turn_tokens is None:
+            raise ValueError("rollout.max_turn_tokens must be set: a turn fills one fixed-size action array")
         return True
 
 
@@ -161,9 +157,10 @@ class RapoSkrlAgent(Agent):
         cfg.validate()
         if not isinstance(getattr(policy, "model", None), torch.nn.Module):
             raise TypeError("RapoSkrlAgent trains policy.model: give a policy with a torch model (e.g. HFPolicy)")
-        if cfg.max_turn_tokens > action_codec.max_tokens:
+        if cfg.rollout.max_turn_tokens > action_codec.max_tokens:
             raise ValueError(
-                f"max_turn_tokens {cfg.max_turn_tokens} exceeds the action array's {action_codec.max_tokens} tokens"
+                f"rollout.max_turn_tokens {cfg.rollout.max_turn_tokens} exceeds the action array's "
+                f"{action_codec.max_tokens} tokens"
             )
         super().__init__(cfg=cfg, models={}, memory=None, observation_space=observation_space,
                          action_space=action_space, device=device)
@@ -279,16 +276,17 @@ class RapoSkrlAgent(Agent):
         # The question is the task id: build_batch then groups the rollouts of one question.
         episode = Episode(task_index=None, rollout_index=self.episodes_started, group_index=None)
         episode.begin(prompt, {"task_id": prompt, "system_prompt": self.system_prompt}, self.tokenizer,
-                      self.cfg.max_prompt_tokens, self.cfg.max_response_tokens)
+                      self.cfg.rollout.max_prompt_tokens, self.cfg.rollout.max_response_tokens)
         self.episodes[slot] = episode
         self.episodes_started += 1
 
     def _sampling(self, slot: int) -> SamplingParams:
         episode = self.episodes[slot]
         record = episode.record
-        budget = max(1, min(self.cfg.max_turn_tokens, record.remaining))
+        budget = max(1, min(self.cfg.rollout.max_turn_tokens, record.remaining))
         return SamplingParams(
-            temperature=self.cfg.temperature, top_p=self.cfg.top_p, max_new_tokens=budget, stop=TOOL_STOP_STRINGS,
+            temperature=self.cfg.rollout.temperature, top_p=self.cfg.rollout.top_p, max_new_tokens=budget,
+            stop=TOOL_STOP_STRINGS,
             seed=derive_seed(self.cfg.seed, episode.rollout_index, len(record.steps)),
         )
 

@@ -82,7 +82,8 @@ class RapoRollout:
         groups = [(task, len(list(run))) for task, run in itertools.groupby(tasks)]
         sizes = {size for _, size in groups}
         if len(sizes) != 1:
-            raise ValueError(f"every prompt must come the same number of times in a row, got group sizes {sorted(sizes)}")
+            raise ValueError(
+                f"every prompt must come the same number of times in a row, got group sizes {sorted(sizes)}")
         engine = self._engine_for(trainer)
         step = int(getattr(getattr(trainer, "state", None), "global_step", 0))
         trajectories = engine.run([task for task, _ in groups], group_size=sizes.pop(), seed=self.seed + step)

@@ -12,6 +12,7 @@ from skrl.trainers.torch import SequentialTrainer  # noqa: E402
 
 from rapo_agents.integrations.skrl_agent import RapoSkrlAgent, RapoSkrlAgentCfg, make_skrl_env  # noqa: E402
 from rapo_agents.policies import HFPolicy  # noqa: E402
+from rapo_agents.rollout import RolloutConfig  # noqa: E402
 from rapo_env.wrappers.token_ids import TokenCodec  # noqa: E402
 
 ENV_KWARGS = {"num_tasks": 2, "sandbox": "subprocess", "max_turns": 2}
@@ -39,8 +40,8 @@ def test_sequential_trainer_runs_rapo_updates(tokenizer_dir, tiny_policy, tmp_pa
     env = make_skrl_env("RAPO-Math-v0", tokenizer_dir, num_envs=2, observation_tokens=512, action_tokens=16,
                         env_kwargs=ENV_KWARGS)
     system_prompt = gym.make("RAPO-Math-v0", **ENV_KWARGS).reset(seed=0)[1]["system_prompt"]
-    cfg = RapoSkrlAgentCfg(episodes_per_update=4, max_turn_tokens=8, max_response_tokens=256, learning_rate=1e-2,
-                           micro_batch_size=4)
+    cfg = RapoSkrlAgentCfg(episodes_per_update=4, rollout=RolloutConfig(max_turn_tokens=8, max_response_tokens=256),
+                           learning_rate=1e-2, micro_batch_size=4)
     agent = RapoSkrlAgent(
         policy=tiny_policy, system_prompt=system_prompt, cfg=cfg,
         observation_codec=TokenCodec(tokenizer_dir, 512), action_codec=TokenCodec(tokenizer_dir, 16),
