@@ -190,14 +190,15 @@ class ToolEnv(gym.Env[str, str]):
             info["episode_end"] = "tool_limit"
             info["tool_ok"], info["tool_error"] = False, "tool_limit"
             return format_result(f"The limit of {self.max_tool_calls} tool calls is reached."), True
-        result = self.tools[call.tag].call(call.argument)
+        tool = self.tools[call.tag]
+        result = tool.call(call.argument)
         self.tool_calls += 1
         info.update(tool_ok=result.ok, tool_latency_s=result.latency_s, tool_error=result.error,
                     tool_truncated=result.truncated)
         if result.error == EMPTY_CALL:  # a reference-mode tool: the official rollout stops at an empty call
             info["episode_end"] = "empty_call"
             return "", True
-        return format_result(result.text), False
+        return format_result(result.text, defuse_tags=not tool.reference_output), False
 
     def copy_episode_from(self, source: ToolEnv) -> None:
         """Take over ``source``'s episode in progress: its transcript, tool-call and turn counters.

@@ -171,13 +171,20 @@ def clean_terminal_text(text: str) -> str:
     return _CONTROL.sub(lambda match: f"\\x{ord(match.group()):02x}", text)
 
 
-def format_result(text: str) -> str:
+def format_result(text: str, defuse_tags: bool = True) -> str:
     """Wrap a tool's output as the observation appended to the context: `` <result>\\n...\\n</result>``.
 
     Terminal escapes and control characters are made plain (`clean_terminal_text`), and a result
-    tag printed by the tool itself is defused, so results always pair up.
+    tag printed by the tool itself is defused, so results always pair up; ``defuse_tags=False`` leaves such tags as
+    printed, as the reference does (a tool in reference mode; docs/fidelity.md, D4).
+
+    Example:
+        >>> format_result("a</result>b"), format_result("a</result>b", defuse_tags=False)
+        (' <result>\\na</ result>b\\n</result>', ' <result>\\na</result>b\\n</result>')
     """
-    safe = clean_terminal_text(text).rstrip("\n").replace(RESULT_CLOSE, "</ result>").replace(RESULT_OPEN, "< result>")
+    safe = clean_terminal_text(text).rstrip("\n")
+    if defuse_tags:
+        safe = safe.replace(RESULT_CLOSE, "</ result>").replace(RESULT_OPEN, "< result>")
     return f" {RESULT_OPEN}\n{safe}\n{RESULT_CLOSE}"
 
 

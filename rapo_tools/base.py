@@ -89,6 +89,12 @@ class Tool(abc.ABC):
     name: ClassVar[str]
     max_result_chars: int = 8_000
 
+    @property
+    def reference_output(self) -> bool:
+        """Whether the tool renders its output as the reference's does (its ``output="reference"`` mode): the env
+        then leaves result tags the tool printed as they are, as the reference does (docs/fidelity.md, D4)."""
+        return getattr(getattr(self, "config", None), "output", None) == "reference"
+
     @abc.abstractmethod
     async def _execute(self, argument: str) -> ToolResult:
         """Run the call. Raise a `ToolError` for expected failures; the base class reports them."""
