@@ -67,6 +67,71 @@ def _hotpotqa_corpus(path: Path, cache_root: Path) -> Path:
     return corpus
 
 
+@dataclasses.dataclass(frozen=True)
+class QASource:
+    """Where a QA env's questions and passages come from: `QAEnv`'s source arguments, as `resolve_qa_source`
+    takes them (see `QAEnv` for each)."""
+
+    dataset: str | Path | Sequence[Task] = "procedural"
+    split: str = "train"
+    search_url: str | None = None
+    index_path: str | os.PathLike | None = None
+    corpus_path: str | os.PathLike | None = None
+    seed: int = 0
+    knowledge_base: KnowledgeBaseConfig | dict[str, Any] | None = None
+    ability: str | None = None
+    limit: int | None = None
+    cache_root: Path | None = None
+    """Where generated bases and indexes are kept (None: ``$RAPO_CACHE_DIR`` or ``~/.cache/rapo``)."""
+    embedder: Embedder | None = None
+
+
+def resolve_qa_source(source: QASource) -> tuple[Sequence[Task], WikiSearch | str, KnowledgeBase | None]:
+    """The tasks, the search backend (a service URL or a shared in-process index) and, for the generated
+    knowledge base, the base itself, that ``source`` names.
+
+    Raises:
+        QADatasetError: a task file without a corpus to search.
+    """
+    cache_root = source.cache_root if source.cache_root is not None else rapo_cache_dir()
+    dataset, limit, embedder = source.dataset, source.limit, source.embedder
+    knowledge_base: KnowledgeBase | None = None
+    own_index: Path | None = None
+    if isinstance(dataset, str) and dataset == "procedural":
+        kb_config = source.knowledge_base
+        if isinstance(kb_config, dict):
+            kb_config = KnowledgeBaseConfig(**kb_config)
+        knowledge_base, own_index = KnowledgeBase.cached(source.seed, cache_root, embedder, kb_config)
+        tasks: Sequence[Task] = knowledge_base.split(source.split)
+    elif isinstance(dataset, (str, Path)) and is_hotpotqa_file(dataset):
+        tasks = load_hotpotqa(dataset, limit=limit)
+        if not (source.search_url or source.index_path or source.corpus_path):
+            own_index = cached_corpus_index(_hotpotqa_corpus(Path(dataset), cache_root), embedder,
+                                            cache_dir=cache_root)
+    else:
+        options: dict[str, Any] = {"limit": limit}
+        if source.ability is not None:
+            options["ability"] = source.ability
+        tasks = resolve_tasks(dataset, source.split, lambda _: TaskList("empty", []), **options)
+        if not (source.search_url or source.index_path or source.corpus_path):
+            raise QADatasetError(
+                f"dataset {dataset!r} brings no passages to search; pass index_path= (and corpus_path=), "
+                "corpus_path= (indexed on first use) or search_url= (a running `rapo search serve`)"
+            )
+    if limit is not None and len(tasks) > limit:
+        tasks = tasks[:limit]
+    if source.search_url:
+        return tasks, source.search_url, knowledge_base
+    if source.index_path is not None:
+        corpus = Path(source.corpus_path) if source.corpus_path else None
+        return tasks, shared_wiki_search(Path(source.index_path), corpus, embedder), knowledge_base
+    if source.corpus_path is not None:
+        own_index = cached_corpus_index(source.corpus_path, embedder, cache_dir=cache_root)
+    if own_index is None:
+        raise QADatasetError("no corpus to search")
+    return tasks, shared_wiki_search(own_index, None, embedder), knowledge_base
+
+
 class QAEnv(ToolEnv):
     """Knowledge questions with the ``<search>`` tool (and optionally ``<python>``).
 
@@ -125,21 +190,11 @@ class QAEnv(ToolEnv):
         unknown = [tag for tag in tools if tag not in QA_TOOLS]
         if "search" not in tools or unknown:
             raise ValueError(f"tools must include 'search' and only use {QA_TOOLS}, got {tuple(tools)}")
-        cache_root = Path(cache_dir) if cache_dir is not None else rapo_cache_dir()
-        self.knowledge_base: KnowledgeBase | None = None
-        tasks, backend = self._resolve(
-            dataset,
-            split,
-            search_url,
-            index_path,
-            corpus_path,
-            seed,
-            knowledge_base,
-            ability,
-            limit,
-            cache_root,
-            embedder,
-        )
+        source = QASource(dataset=dataset, split=split, search_url=search_url, index_path=index_path,
+                          corpus_path=corpus_path, seed=seed, knowledge_base=knowledge_base, ability=ability,
+                          limit=limit, cache_root=Path(cache_dir) if cache_dir is not None else rapo_cache_dir(),
+                          embedder=embedder)
+        tasks, backend, self.knowledge_base = resolve_qa_source(source)
         if data_source is not None:
             tasks = TaskList(
                 f"{getattr(tasks, 'name', 'qa')}-{data_source}",
@@ -162,54 +217,6 @@ class QAEnv(ToolEnv):
             max_tool_calls=max_tool_calls,
             **kwargs,
         )
-
-    def _resolve(
-        self,
-        dataset: str | Path | Sequence[Task],
-        split: str,
-        search_url: str | None,
-        index_path: str | os.PathLike | None,
-        corpus_path: str | os.PathLike | None,
-        seed: int,
-        kb_config: KnowledgeBaseConfig | dict[str, Any] | None,
-        ability: str | None,
-        limit: int | None,
-        cache_root: Path,
-        embedder: Embedder | None,
-    ) -> tuple[Sequence[Task], WikiSearch | str]:
-        """The tasks and the search backend (a service URL or a shared in-process index)."""
-        own_index: Path | None = None
-        if isinstance(dataset, str) and dataset == "procedural":
-            if isinstance(kb_config, dict):
-                kb_config = KnowledgeBaseConfig(**kb_config)
-            self.knowledge_base, own_index = KnowledgeBase.cached(seed, cache_root, embedder, kb_config)
-            tasks: Sequence[Task] = self.knowledge_base.split(split)
-        elif isinstance(dataset, (str, Path)) and is_hotpotqa_file(dataset):
-            tasks = load_hotpotqa(dataset, limit=limit)
-            if not (search_url or index_path or corpus_path):
-                corpus = _hotpotqa_corpus(Path(dataset), cache_root)
-                own_index = cached_corpus_index(corpus, embedder, cache_dir=cache_root)
-        else:
-            options: dict[str, Any] = {"limit": limit}
-            if ability is not None:
-                options["ability"] = ability
-            tasks = resolve_tasks(dataset, split, lambda _: TaskList("empty", []), **options)
-            if not (search_url or index_path or corpus_path):
-                raise QADatasetError(
-                    f"dataset {dataset!r} brings no passages to search; pass index_path= (and corpus_path=), "
-                    "corpus_path= (indexed on first use) or search_url= (a running `rapo search serve`)"
-                )
-        if limit is not None and len(tasks) > limit:
-            tasks = tasks[:limit]
-        if search_url:
-            return tasks, search_url
-        if index_path is not None:
-            return tasks, shared_wiki_search(Path(index_path), Path(corpus_path) if corpus_path else None, embedder)
-        if corpus_path is not None:
-            own_index = cached_corpus_index(corpus_path, embedder, cache_dir=cache_root)
-        if own_index is None:
-            raise QADatasetError("no corpus to search")
-        return tasks, shared_wiki_search(own_index, None, embedder)
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
         self.search_errors = 0

@@ -258,3 +258,16 @@ def test_a_format_penalty_replaces_the_metric_only_for_badly_formatted_responses
     assert strict("<answer>Obama</answer>", task).reward == -1.0  # no \boxed{}: the penalty
     assert QAReward("f1", ("search",))("<answer>Obama</answer>", task).reward == 1.0  # no penalty set
     assert strict("<answer>\\boxed{Obama}</answer>", task).reward == 1.0
+
+
+def test_a_qa_source_resolves_to_what_it_builds_without_touching_an_env():
+    from rapo_env.envs.qa import QADatasetError, QASource, resolve_qa_source
+    from rapo_env.tasks import Task
+
+    tasks = [Task(id=f"q{i}", question=f"Who is {i}?", answers=(str(i),), source="test") for i in range(3)]
+    resolved, backend, knowledge_base = resolve_qa_source(QASource(dataset=tasks, search_url="http://127.0.0.1:9",
+                                                                   limit=2))
+    assert [task.id for task in resolved] == ["q0", "q1"] and backend == "http://127.0.0.1:9"
+    assert knowledge_base is None  # only the generated base comes back with its tasks
+    with pytest.raises(QADatasetError, match="brings no passages"):
+        resolve_qa_source(QASource(dataset=tasks))
