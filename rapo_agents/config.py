@@ -41,6 +41,7 @@ from rapo_agents.rapo import RAPOConfig
 from rapo_agents.rollout.branching import ARPOConfig
 from rapo_agents.rollout.config import RolloutConfig
 from rapo_agents.settings import ConfigError, Switch, check_choices, plain, settings_from_dict
+from rapo_env.wrappers.retrieval import RetrievalSettings
 
 
 @dataclasses.dataclass
@@ -134,15 +135,17 @@ class RetrievalConfig:
     of a ``/retrieve`` service."""
     index_path: str | None = None
     """FAISS index of a buffer JSONL given as ``retriever`` (``rapo buffer index`` writes it)."""
-    retrieve_prob: float = 0.5
-    """Probability of a retrieval after each retrieval round (``retrieve_after``) of a hybrid rollout."""
+    retrieve_prob: float = RetrievalSettings.retrieve_prob
+    """Probability of a retrieval after each retrieval round (``retrieve_after``) of a hybrid rollout (the
+    wrapper's default, `RetrievalSettings`, as ``topk`` and ``retrieve_after`` are)."""
     no_retrieve_first_k: int = 1
-    """The first k rollouts of each group stay on-policy (the paper: 8 of 16)."""
-    topk: int = 3
+    """The first k rollouts of each group stay on-policy (the paper and the wrapper's default: 8 of 16; the CPU
+    job's groups are 4 rollouts, and 1 on-policy leaves 3 hybrid)."""
+    topk: int = RetrievalSettings.topk
     """Candidates retrieved per query; one is spliced."""
     select: Literal["auto", "most_similar", "max_reward"] = "auto"
     """Candidate rule: ``auto`` (follows ``algorithm.fidelity``), ``most_similar`` or ``max_reward``."""
-    retrieve_after: Literal["any_round", "tool_round"] = "any_round"
+    retrieve_after: Literal["any_round", "tool_round"] = RetrievalSettings.retrieve_after
     """When a hybrid rollout may retrieve: ``any_round`` (the reference's: after every round the episode goes on
     from, tool call or not, so a model that never calls a tool still sees expert steps) or ``tool_round``
     (only after a round that ran a tool)."""

@@ -108,6 +108,10 @@ takes the ``max`` of the empty hit list and splices the error it catches."""
 class RetrievalSettings:
     """How `StepTraceRetrievalWrapper` retrieves and splices (spec §4); one set of defaults, recorded whole.
 
+    The defaults are the paper's (8 of 16 rollouts on-policy, the most similar candidate); the trainer's
+    ``retrieval`` section takes ``retrieve_prob``, ``topk`` and ``retrieve_after`` from them and sets the rest for
+    its run (``group_size`` = ``rollout.rollout_n``, the selection and hybrid rule from ``algorithm.fidelity``).
+
     Example:
         >>> RetrievalSettings(retrieve_prob=1.0, hybrid_rule="reference").fallback == REFERENCE_FALLBACK_TEXT
         True
@@ -117,8 +121,9 @@ class RetrievalSettings:
     """Probability of a retrieval after each retrieval round (``retrieve_after``) of a hybrid rollout."""
     topk: int = 3
     """Candidates considered per retrieval."""
-    select: Literal["max_reward", "most_similar"] = "max_reward"
-    """``max_reward`` (reference: highest reward, ties by similarity) or ``most_similar`` (paper)."""
+    select: Literal["max_reward", "most_similar"] = "most_similar"
+    """``most_similar`` (the paper's rule, as the default ``hybrid_rule`` is the paper's) or ``max_reward`` (the
+    reference code's: highest reward, ties by similarity)."""
     no_retrieve_first_k: int = 8
     """The first k rollouts of each group stay on-policy."""
     group_size: int = 16

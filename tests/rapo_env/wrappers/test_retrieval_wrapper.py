@@ -12,7 +12,7 @@ from rapo_buffers.candidates import Candidate, StaticRetriever
 from rapo_buffers.client import RetrievalClient
 from rapo_buffers.text import normalize_context
 from rapo_env.wrappers import StepTraceRetrievalWrapper
-from rapo_env.wrappers.retrieval import FALLBACK_TEXT, REFERENCE_TEMPLATE, select_candidate
+from rapo_env.wrappers.retrieval import FALLBACK_TEXT, REFERENCE_TEMPLATE, RetrievalSettings, select_candidate
 
 CHARS = [chr(code) for code in range(32, 127)] + ["\n"]
 TOY_ID = "RetrievalToyText-v0"
@@ -165,7 +165,8 @@ def test_retrieval_rounds_in_the_math_env(retrieve_after, spliced):
 
 
 def test_span_marks_exactly_the_spliced_text():
-    env = StepTraceRetrievalWrapper(CountingTextEnv(), good_retriever(), retrieve_prob=1.0, seed=0)
+    # max_reward: the reference's rule picks the rewarded step over the closer one.
+    env = StepTraceRetrievalWrapper(CountingTextEnv(), good_retriever(), retrieve_prob=1.0, seed=0, select="max_reward")
     env.reset()
     observation, _, _, _, info = env.step("<python>1</python>")
     retrieval = info["retrieval"]
@@ -304,7 +305,8 @@ def test_rebuilt_from_env_spec():
 
 def test_through_make_vec():
     wrapper = functools.partial(
-        StepTraceRetrievalWrapper, retriever=good_retriever(), retrieve_prob=0.5, seed=3, vector_safe_info=True
+        StepTraceRetrievalWrapper, retriever=good_retriever(), retrieve_prob=0.5, seed=3, vector_safe_info=True,
+        select="max_reward",
     )
     envs = gym.make_vec(TOY_ID, num_envs=3, vectorization_mode="sync", wrappers=[wrapper])
     envs.reset(seed=0)
@@ -320,3 +322,13 @@ def test_through_make_vec():
         assert not any("<retrieve>" in observations[i] for i in np.flatnonzero(~mask))
     assert 0 < spliced < 12
     envs.close()
+
+
+def test_the_default_settings_are_the_papers_rules_together():
+    settings = RetrievalSettings()
+    assert (settings.hybrid_rule, settings.select) == ("paper", "most_similar")
+    assert (settings.no_retrieve_first_k, settings.group_size) == (8, 16)
+    env = StepTraceRetrievalWrapper(CountingTextEnv(), good_retriever(), retrieve_prob=1.0, seed=0)
+    env.reset()
+    info = env.step("<python>1</python>")[4]
+    assert info["retrieval"]["scores"][info["retrieval"]["chosen"]] == 0.95  # the most similar candidate
