@@ -62,8 +62,10 @@ METHODS = {
     "RAPO random retrieval": ["retrieval.random=true"],
     "RAPO no retrieval reward": ["algorithm.advantage_weight=0"],
     "RAPO no shaping": ["algorithm.shaping_weight=0"],
+    "RAPO TIS": ["algorithm.rollout_correction=tis"],
 }
-"""Each method's overrides on top of its task's config."""
+"""Each method's overrides on top of its task's config (``RAPO TIS``: RAPO with truncated importance sampling
+against the int8 sampler, `docs/training.md`; compared with RAPO, not part of `PLAN`)."""
 ABLATIONS = ("RAPO random retrieval", "RAPO no retrieval reward", "RAPO no shaping")
 SETTINGS = {"warm-up": [], "no warm-up": ["warmup.sft_steps=0", "total_steps=20"]}
 """The two starting points; without the warm-up the run gets twice the steps."""
@@ -155,6 +157,8 @@ def summarize(task: str, setting: str, seed: int, method: str, folder: Path) -> 
         "train_reward": mean_of("reward/mean"),
         "rollout_s_per_step": mean_of("time/rollout_s"),
         "update_s_per_step": mean_of("time/update_s"),
+        "sampler_kl_k3": mean_of("rollout_correction/kl_k3"),
+        "truncated_fraction": mean_of("rollout_correction/truncated_fraction"),
         "mechanism": {**{key.removeprefix("mechanism/"): mean_of(key) for key in mechanism_keys},
                       **(within_group_splice_effect(folder) if method != "GRPO" else {}),
                       **(splice_relevance(folder) if task == "qa" and method != "GRPO" else {})},
@@ -345,10 +349,13 @@ def main() -> None:
                 "updates": nanmean(r["updates"] for r in chosen),
                 "rollout s/step": nanmean(r["rollout_s_per_step"] for r in chosen),
                 "update s/step": nanmean(r["update_s_per_step"] for r in chosen),
+                "sampler KL": nanmean(r.get("sampler_kl_k3") for r in chosen),
+                "truncated": nanmean(r.get("truncated_fraction") for r in chosen),
                 "s/run": nanmean(r["seconds"] for r in chosen),
             })
     comparisons = [row for method in ("RAPO", *ABLATIONS) for row in against(runs, method, "GRPO")]
     comparisons += [row for method in ABLATIONS for row in against(runs, "RAPO", method)]
+    comparisons += against(runs, "RAPO TIS", "RAPO")
     mechanism = [{"task": r["task"], "setting": r["setting"], "method": r["method"], "seed": r["seed"],
                   "hybrid spliced": r["hybrid_splice_rate"], **r["mechanism"]}
                  for r in runs if r["method"] != "GRPO"]
@@ -357,7 +364,8 @@ def main() -> None:
     loads = [r["load_average"] for r in runs]
     report(name, "held-out accuracy after RL, from one shared start per (task, setting, seed)",
            ["task", "setting", "method", "seeds", "before", "after", "±", "gain", "seeds CI>0", "hybrid spliced",
-            "skipped splices", "reward > -1", "updates", "rollout s/step", "update s/step", "s/run"], rows,
+            "skipped splices", "reward > -1", "updates", "rollout s/step", "update s/step", "sampler KL", "truncated",
+            "s/run"], rows,
            extra={"overrides": overrides, "plan": {key: getattr(args, key) for key in defaults}, "runs": runs,
                   "comparisons": comparisons, "mechanism": mechanism, "plot": str(picture),
                   "wall_seconds_this_invocation": time.time() - started, "load_average_per_run": loads,
