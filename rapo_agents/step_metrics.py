@@ -87,3 +87,26 @@ def engine_metrics(stats: RolloutStats, rollout_seconds: float, episodes: int) -
         "rollout/refills": float(stats.refills),
         "retrieval/skipped_splices": float(stats.skipped_splices),
     }
+
+
+def prefill_snapshot(policy: object) -> dict[str, float] | None:
+    """The policy's running prefill counts (`FastPolicy.prefill_stats`), or None for a policy without a prefix
+    cache."""
+    stats = getattr(policy, "prefill_stats", None)
+    return stats.as_dict() if stats is not None else None
+
+
+def prefill_metrics(before: dict[str, float] | None, after: dict[str, float] | None) -> dict[str, float]:
+    """What one step's rollouts prefilled and took from the prefix KV cache, from two `prefill_snapshot` results.
+
+    Example:
+        >>> prefill_metrics({"prompt_tokens": 100, "prefilled_tokens": 100, "reused_tokens": 0},
+        ...                 {"prompt_tokens": 400, "prefilled_tokens": 160, "reused_tokens": 280})
+        {'rollout/prefill_tokens': 60.0, 'rollout/prefix_reused_fraction': 0.9333333333333333}
+    """
+    if before is None or after is None:
+        return {}
+    prompt = after["prompt_tokens"] - before["prompt_tokens"]
+    return {"rollout/prefill_tokens": float(after["prefilled_tokens"] - before["prefilled_tokens"]),
+            "rollout/prefix_reused_fraction": (after["reused_tokens"] - before["reused_tokens"]) / prompt
+            if prompt else 0.0}

@@ -51,7 +51,7 @@ from rapo_agents.model import autocast_dtype, pad_token_id, reference_model, tra
 from rapo_agents.rollout import derive_seed, make_env_factory
 from rapo_agents.run_control import RunControl, RunFolderLock
 from rapo_agents.sampler import QuestionSampler
-from rapo_agents.step_metrics import STEP_PHASES, engine_metrics, rollout_metrics
+from rapo_agents.step_metrics import STEP_PHASES, engine_metrics, prefill_metrics, prefill_snapshot, rollout_metrics
 from rapo_agents.update import needs_logprob_correction, update_policy, update_settings
 from rapo_agents.warmup import warm_up
 from rapo_env.prompts import SHORT_PROMPTS
@@ -250,6 +250,7 @@ class RAPOTrainer:
         started = time.perf_counter()
         # 1-2. The step's questions and their rollout groups (hybrid rollouts splice retrieved step traces),
         # seeded by the step so that a resume replays them.
+        prefill_before = prefill_snapshot(self.policy)
         trajectories = self.engine.run(self.sampler.next_batch(), seed=derive_seed(config.seed, self.step))
         rollout_seconds = time.perf_counter() - started
         # 3. Rewards, Z_ret, F_ret and the fused advantages.
@@ -268,6 +269,7 @@ class RAPOTrainer:
         hybrid_from = config.retrieval.no_retrieve_first_k if self.retriever is not None else None
         return {**rollout_metrics(trajectories, batch, hybrid_from), **update_stats,
                 **engine_metrics(self.engine.stats, rollout_seconds, len(trajectories)),
+                **prefill_metrics(prefill_before, prefill_snapshot(self.policy)),
                 "advantage/mean": float(batch.advantages.mean()),
                 "advantage/abs_mean": float(batch.advantages.abs().mean()),
                 "time/sync_s": sync_seconds, "time/step_s": time.perf_counter() - started,

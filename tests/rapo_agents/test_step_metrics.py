@@ -42,3 +42,20 @@ def test_without_splices_the_spliced_figures_are_missing_not_zero():
     metrics = step(rewards=[1.0, 0.0], spliced=[0, 0], correct=[1, 0])
     assert torch.isnan(torch.tensor(metrics["mechanism/spliced_advantage"]))
     assert metrics["mechanism/unspliced_advantage"] == pytest.approx(0.0, abs=1e-6)
+
+
+def test_a_step_reports_what_its_rollouts_prefilled_and_reused_and_nothing_without_a_prefix_cache(tiny_policy):
+    from rapo_agents.policies import ByteTokenizer, FastPolicy
+    from rapo_agents.policies.base import SamplingParams
+    from rapo_agents.step_metrics import prefill_metrics, prefill_snapshot
+
+    assert prefill_snapshot(tiny_policy) is None and prefill_metrics(None, None) == {}  # HFPolicy keeps no cache
+    policy = FastPolicy(tiny_policy.model, ByteTokenizer(), weight_format="fp32")
+    context = ByteTokenizer().encode("a shared system prompt, then the question")
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=4)
+    policy.generate([context], greedy)
+    before = prefill_snapshot(policy)
+    policy.generate([context + [65, 66]], greedy)  # the next turn: the same context and two new tokens
+    step = prefill_metrics(before, prefill_snapshot(policy))
+    assert 0 < step["rollout/prefill_tokens"] < len(context)
+    assert step["rollout/prefix_reused_fraction"] > 0.5
