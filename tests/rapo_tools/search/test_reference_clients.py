@@ -11,23 +11,12 @@ from __future__ import annotations
 import subprocess
 import sys
 
-import requests
-
 from rapo_tools.serving import free_port, serve_command
 
 
-def reference_wiki_search(url: str, query: str, topk: int = 3) -> str:
-    """The observation the reference ``WikiSearchTool.execute(query)`` returns."""
-    session = requests.Session()
-    session.trust_env = False
-    response = session.post(
-        url,
-        headers={"Content-Type": "application/json", "Accept": "application/json"},
-        json={"queries": [query], "topk": topk, "return_scores": True},
-        timeout=30,
-        proxies={"http": None, "https": None},
-    )
-    response.raise_for_status()
+def reference_wiki_search(response) -> str:
+    """The observation the reference ``WikiSearchTool.execute(query)`` returns for the reply to its POST
+    (`reference_post`)."""
     try:
         pretty = []
         for retrieval in response.json().get("result", []):
@@ -43,7 +32,7 @@ def reference_wiki_search(url: str, query: str, topk: int = 3) -> str:
         return f"Error processing search results: {error}"
 
 
-def test_the_reference_search_tool_reads_rapo_search_serve(shared_data, tmp_path):
+def test_the_reference_search_tool_reads_rapo_search_serve(shared_data, tmp_path, reference_post):
     corpus = shared_data / "corpus/searchr1_example_corpus.jsonl"
     index = tmp_path / "reference.faiss"
     rapo = [sys.executable, "-m", "rapo_cli", "search"]
@@ -52,6 +41,6 @@ def test_the_reference_search_tool_reads_rapo_search_serve(shared_data, tmp_path
     serve = [*rapo, "serve", "--index_path", str(index), "--port", str(port), "--device", "cpu"]
     subprocess.run([*build, "--device", "cpu", "--encoder", "reference"], check=True, capture_output=True)
     with serve_command(serve, port) as url:
-        observation = reference_wiki_search(f"{url}/wikiSearch", "Genentech lobbyist", topk=2)
+        observation = reference_wiki_search(reference_post(f"{url}/wikiSearch", "Genentech lobbyist", topk=2))
     assert observation.startswith('Doc 1 (Title: "Evan Morris")\n'), observation
     assert "\nDoc 2 (Title: " in observation and "Error processing" not in observation
