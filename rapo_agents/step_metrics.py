@@ -60,6 +60,8 @@ def rollout_metrics(trajectories: Sequence[Trajectory], batch: TrainBatch,
     return {**mechanism,
         "reward/mean": float(rewards.mean()),
         "reward/std": float(rewards.std()) if len(rewards) > 1 else 0.0,
+        "advantage/mean": float(batch.advantages.mean()),
+        "advantage/abs_mean": float(batch.advantages.abs().mean()),
         # Rollouts whose reward is above the format penalty's floor: the only ones that can carry a gradient
         # when the rest of their group sits at the floor.
         "reward/above_penalty_rate": float((rewards > rewards.new_tensor(FORMAT_PENALTY)).double().mean()),

@@ -270,8 +270,6 @@ class RAPOTrainer:
         return {**rollout_metrics(trajectories, batch, hybrid_from), **update_stats,
                 **engine_metrics(self.engine.stats, rollout_seconds, len(trajectories)),
                 **prefill_metrics(prefill_before, prefill_snapshot(self.policy)),
-                "advantage/mean": float(batch.advantages.mean()),
-                "advantage/abs_mean": float(batch.advantages.abs().mean()),
                 "time/sync_s": sync_seconds, "time/step_s": time.perf_counter() - started,
                 "data/epoch": float(self.sampler.epoch)}
 
