@@ -149,3 +149,20 @@ def test_the_episode_rule_catches_writes_through_any_name():
     source = "e.env = None\nother.turn, x = 1, 2\nsetattr(ep, 'reserve', [])\ndel ep.prompt\nself.env = 1\n"
     assert episode_field_writes(source, {"env", "turn", "reserve", "prompt"}) == [
         "1: e.env", "2: other.turn", "3: setattr(..., 'reserve')", "4: ep.prompt"]
+
+
+def test_the_trainer_and_the_engine_stay_readable_in_one_pass():
+    """Issue #28's limits: `RAPOTrainer` at most 250 lines; `trainer.py`, `config.py` and `rollout/engine.py` at
+    most 450; no function over 60 lines in `trainer.py`, `rollout/` and `rapo_env/wrappers/` (`rapo.py` and the
+    sandbox worker are one job each and may stay whole)."""
+    trainer = ast.parse((ROOT / "rapo_agents" / "trainer.py").read_text(encoding="utf-8"))
+    (trainer_class,) = [node for node in trainer.body if isinstance(node, ast.ClassDef) and node.name == "RAPOTrainer"]
+    assert trainer_class.end_lineno - trainer_class.lineno + 1 <= 250
+    for name in ("trainer.py", "config.py", "rollout/engine.py"):
+        assert len((ROOT / "rapo_agents" / name).read_text(encoding="utf-8").splitlines()) <= 450, name
+    files = [ROOT / "rapo_agents" / "trainer.py", *(ROOT / "rapo_agents" / "rollout").glob("*.py"),
+             *(ROOT / "rapo_env" / "wrappers").glob("*.py")]
+    long = [f"{path.relative_to(ROOT)}:{node.name} ({node.end_lineno - node.lineno + 1} lines)" for path in files
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno + 1 > 60]
+    assert long == []
