@@ -1,4 +1,4 @@
-"""LoRA against full fine-tuning on the embedded model: checkpoint size, update time, peak memory and sync time.
+"""LoRA against full fine-tuning on the embedded model: checkpoint size, update time and sync time.
 
 Each system is the trained module as `rapo_agents.model.trainable_model` builds it from a ``ModelConfig``:
 
@@ -8,11 +8,12 @@ Each system is the trained module as `rapo_agents.model.trainable_model` builds 
 - ``LoRA r=16, all 30`` (``model.lora.r=16 model.trainable_layers=null``).
 
 Per system and round: one optimiser step of `rapo_agents.update.ppo_update` over the same batch of rollouts (as
-`benchmarks/train_step.py` builds it; a first, untimed step warms up), the peak RSS growth during the timed step, a
+`benchmarks/train_step.py` builds it; a first, untimed step warms up), a
 weight sync (`FastPolicy.repack`: LoRA adds the merge), and the checkpoint the trainer would write after it
 (`CheckpointManager.save` of the model and the optimiser's state): its size on disk. Systems are interleaved over
 ``--rounds`` (`_rounds.interleaved_rounds`); medians with min-max and the load average are reported, and
-`benchmarks/results/lora.json` gets them.
+`benchmarks/results/lora.json` gets them. Peak memory is not measured here: in one process the allocator reuses
+what the previous system freed, so an RSS delta reads near 0; compare whole runs (``/usr/bin/time -v rapo train``).
 
     python benchmarks/lora.py            # SmolLM2-135M-Instruct, 3 rounds
     python benchmarks/lora.py --quick    # a tiny random Llama, 2 rounds: seconds
@@ -44,7 +45,7 @@ from rapo_agents.model import trainable_model
 from rapo_agents.policies import FastPolicy
 from rapo_agents.rapo import RAPOConfig
 from rapo_agents.update import UpdateSettings, ppo_update
-from train_step import PeakMemory, load_model, make_batch, with_sampler_logprobs
+from train_step import load_model, make_batch, with_sampler_logprobs
 
 
 def folder_mib(folder: Path) -> float:
@@ -52,16 +53,15 @@ def folder_mib(folder: Path) -> float:
 
 
 def measure(base, tokenizer, config: ModelConfig, batch, micro: int, lr: float) -> dict[str, float]:
-    """One system, one round: a warm-up step, a timed step (seconds, peak RSS growth), a sync, a checkpoint."""
+    """One system, one round: a warm-up step, a timed step, a sync, a checkpoint."""
     model, _ = trainable_model(config, torch.device("cpu"), copy.deepcopy(base), tokenizer)
     trainable = [parameter for parameter in model.parameters() if parameter.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=lr, weight_decay=0.01)
     settings = UpdateSettings(mini_batch_rows=len(batch.advantages), micro_batch_size=micro)
     ppo_update(model, optimizer, batch, RAPOConfig(), settings)
-    with PeakMemory(torch.device("cpu")) as memory:
-        started = time.perf_counter()
-        ppo_update(model, optimizer, batch, RAPOConfig(), settings)
-        update_s = time.perf_counter() - started
+    started = time.perf_counter()
+    ppo_update(model, optimizer, batch, RAPOConfig(), settings)
+    update_s = time.perf_counter() - started
     policy = FastPolicy(model, tokenizer)
     started = time.perf_counter()
     policy.repack()
@@ -72,7 +72,7 @@ def measure(base, tokenizer, config: ModelConfig, batch, micro: int, lr: float) 
         checkpoint_mib = folder_mib(saved)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
-    return {"update_s": update_s, "peak_mib": memory.peak_mib, "sync_s": sync_s, "checkpoint_mib": checkpoint_mib,
+    return {"update_s": update_s, "sync_s": sync_s, "checkpoint_mib": checkpoint_mib,
             "trainable_m": sum(parameter.numel() for parameter in trainable) / 1e6}
 
 
@@ -119,7 +119,7 @@ def main() -> None:
     rows = []
     for name, runs in results.items():
         row = {"system": name, "trainable_M": runs[0]["trainable_m"]}
-        for key in ("update_s", "peak_mib", "sync_s", "checkpoint_mib"):
+        for key in ("update_s", "sync_s", "checkpoint_mib"):
             row[key] = show(spread([run[key] for run in runs]), 2 if key.endswith("_s") else 1)
             row[f"{key}_spread"] = spread([run[key] for run in runs])
         row["update_vs_default"] = round(row["update_s_spread"]["median"] / base_update, 2)
@@ -128,7 +128,7 @@ def main() -> None:
     load = spread(loads)
     report("lora", f"LoRA vs full fine-tuning, {model_name}; medians (min-max) of {rounds} rounds, load "
            f"{show(load, 2)}; {cpu_line(cpu)}",
-           ["system", "trainable_M", "update_s", "update_vs_default", "peak_mib", "sync_s", "checkpoint_mib"], rows,
+           ["system", "trainable_M", "update_s", "update_vs_default", "sync_s", "checkpoint_mib"], rows,
            {"model": model_name, "rounds": rounds, "load_average": load, "cpu": cpu, "quick": args.quick,
             "lora": dataclasses.asdict(lora), "sequences": args.sequences, "prompt_tokens": prompt_tokens,
             "response_tokens": response_tokens, "torch_threads": torch.get_num_threads()})

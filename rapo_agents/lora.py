@@ -208,17 +208,14 @@ def base_model_path(folder: str | os.PathLike[str]) -> str:
     return str(named)
 
 
-def load_adapted(folder: str | os.PathLike[str], device: torch.device | str = "cpu",
-                 merge: bool = True) -> tuple[torch.nn.Module, Any]:
+def load_adapted(folder: str | os.PathLike[str], device: torch.device | str = "cpu") -> tuple[torch.nn.Module, Any]:
     """The model a LoRA checkpoint ``folder`` holds, and its tokenizer: its run's base model (the checkpoint's
-    ``trainer_state.json`` says which) with the adapter loaded, and merged into a plain transformers model unless
-    ``merge`` is False.
+    ``trainer_state.json`` says which) with the adapter loaded and merged, a plain transformers model.
 
     Raises:
         ValueError: when ``folder`` holds no adapter, or its base model or adapter cannot be loaded.
     """
     from rapo_agents.checkpoint import trained_config
-    from rapo_agents.config import ModelConfig
     from rapo_agents.model import load_model_and_tokenizer
 
     if not has_adapter(folder):
@@ -228,10 +225,8 @@ def load_adapted(folder: str | os.PathLike[str], device: torch.device | str = "c
         raise ValueError(f"{folder} holds an adapter but no readable trainer_state.json naming its base model: "
                          "pass the checkpoint folder that rapo train wrote")
     settings, layers = adapter_settings(folder)
-    base = dataclasses.replace(run.model, lora=LoraSettings()) if isinstance(run.model, ModelConfig) else run.model
+    base = dataclasses.replace(run.model, lora=LoraSettings())  # the base model alone: the adapter is added below
     model, tokenizer = load_model_and_tokenizer(base, torch.device(device))
     model = add_adapter(model, settings, layers)
     load_adapter_weights(model, folder)
-    if merge:
-        model = model.merge_and_unload()
-    return model.eval(), tokenizer
+    return model.merge_and_unload().eval(), tokenizer

@@ -92,8 +92,9 @@ class Tool(abc.ABC):
     @property
     def reference_output(self) -> bool:
         """Whether the tool renders its output as the reference's does (its ``output="reference"`` mode): the env
-        then leaves result tags the tool printed as they are, as the reference does (docs/fidelity.md, D4)."""
-        return getattr(getattr(self, "config", None), "output", None) == "reference"
+        then leaves result tags the tool printed as they are, as the reference does (docs/fidelity.md, D4).
+        False unless a tool with such a mode says so."""
+        return False
 
     @abc.abstractmethod
     async def _execute(self, argument: str) -> ToolResult:

@@ -40,6 +40,10 @@ class PythonTool(Tool):
         self.max_code_chars = max_code_chars
         self._executor = make_executor(self.config)
 
+    @property
+    def reference_output(self) -> bool:
+        return self.config.output == "reference"
+
     async def _execute(self, argument: str) -> ToolResult:
         reference = self.config.output == "reference"
         code = argument.strip() if reference else argument.strip("\n")

@@ -118,7 +118,7 @@ class _Connections:
         """Close an idle connection of the biggest holder to make room for ``client``, if it holds more than
         ``client`` would; True when one was closed."""
         mine = self.held_by(client) + 1
-        for holder, held in sorted(self.by_client.items(), key=lambda item: -len(item[1])):
+        for held in sorted(self.by_client.values(), key=len, reverse=True):
             if len(held) <= mine:
                 return False
             idle = next((connection for connection in held if connection.guard_idle()), None)

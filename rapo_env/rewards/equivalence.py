@@ -15,7 +15,6 @@ import atexit
 import collections
 import json
 import os
-import queue
 import re
 import select
 import subprocess

@@ -228,6 +228,10 @@ class SearchTool(Tool):
             backend = HttpSearchBackend(backend, self.config)
         self.backend: SearchBackend | None = backend
 
+    @property
+    def reference_output(self) -> bool:
+        return self.config.output == "reference"
+
     async def _execute(self, argument: str) -> ToolResult:
         reference = self.config.output == "reference"
         query = argument.strip() if reference else " ".join(argument.split())

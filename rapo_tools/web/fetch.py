@@ -86,7 +86,8 @@ def embedded_ipv4(ip: ipaddress.IPv6Address) -> list[ipaddress.IPv4Address]:
     """The IPv4 addresses an IPv6 address leads to: IPv4-mapped, IPv4-compatible, SIIT, NAT64, 6to4, Teredo.
 
     Example:
-        >>> embedded_ipv4(ipaddress.IPv6Address("64:ff9b::7f00:1")), embedded_ipv4(ipaddress.IPv6Address("2002:a00:1::"))
+        >>> nat64, six_to_four = ipaddress.IPv6Address("64:ff9b::7f00:1"), ipaddress.IPv6Address("2002:a00:1::")
+        >>> embedded_ipv4(nat64), embedded_ipv4(six_to_four)
         ([IPv4Address('127.0.0.1')], [IPv4Address('10.0.0.1')])
     """
     low32 = ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
