@@ -4,11 +4,22 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 from pathlib import Path
 
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+
+# Where Python may not write bytecode (PYTHONDONTWRITEBYTECODE, as many containers set) and the venv holds none (uv
+# installs without), every interpreter compiles each module it imports from source: each `rapo` subprocess of the
+# suite spent 10-20 s compiling torch, transformers and sentence-transformers again. Bytecode goes to a cache
+# outside the source tree instead (`make clean` removes it), for this process and the subprocesses it starts.
+if sys.dont_write_bytecode and sys.pycache_prefix is None:
+    sys.dont_write_bytecode = False
+    sys.pycache_prefix = str(REPO_ROOT / ".pytest_cache" / "pycache")
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+    os.environ["PYTHONPYCACHEPREFIX"] = sys.pycache_prefix
 
 # Tests never download: the embedded models come from installed packages.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
