@@ -66,16 +66,32 @@ def test_every_command_is_run_or_has_a_reason():
     assert listed and all(is_run(command) or any(command.startswith(p) for p in NOT_RUN) for command in listed)
 
 
+def run_in(folder: Path, command: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", "-c", command], cwd=folder, env=shell_env(), capture_output=True, text=True,
+                          timeout=600)
+
+
+@pytest.fixture(scope="module")
+def pipeline(tmp_path_factory) -> tuple[Path, list[tuple[str, subprocess.CompletedProcess]]]:
+    """The README's runnable commands, run in order in a fresh folder up to the first that fails: the folder and
+    each command's result (the snippets that read the pipeline's files run in that folder)."""
+    folder, results = tmp_path_factory.mktemp("pipeline"), []
+    for command in (command for command in commands() if is_run(command)):
+        results.append((command, run_in(folder, command)))
+        if results[-1][1].returncode != 0:
+            break
+    return folder, results
+
+
 @pytest.mark.slow
-def test_the_pipeline_commands_run_in_order_offline(tmp_path):
-    runnable = [command for command in commands() if is_run(command)]
-    assert any(command.startswith("rapo eval") for command in runnable)
-    for command in runnable:
-        result = subprocess.run(["bash", "-c", command], cwd=tmp_path, env=shell_env(), capture_output=True,
-                                text=True, timeout=600)
+def test_the_pipeline_commands_run_in_order_offline(pipeline):
+    folder, results = pipeline
+    for command, result in results:
         assert result.returncode == 0, (command, result.stdout[-2000:], result.stderr[-2000:])
         assert "Traceback" not in result.stderr, command
-    assert (tmp_path / "runs" / "buffer.index").is_file() and (tmp_path / "runs" / "wiki.index").is_file()
+    assert [command for command, _ in results] == [command for command in commands() if is_run(command)]
+    assert any(command.startswith("rapo eval") for command, _ in results)
+    assert (folder / "runs" / "buffer.index").is_file() and (folder / "runs" / "wiki.index").is_file()
 
 
 def test_the_readme_says_to_activate_the_venv_first():
@@ -126,8 +142,7 @@ def test_the_local_openai_server_serves_the_readmes_eval(tmp_path):
             except httpx.HTTPError:
                 time.sleep(1)
         assert server.poll() is None, server.stderr.read()[-3000:]
-        result = subprocess.run(["bash", "-c", eval_line], cwd=tmp_path, env=shell_env(), capture_output=True,
-                                text=True, timeout=600)
+        result = run_in(tmp_path, eval_line)
         assert result.returncode == 0, (result.stdout[-2000:], result.stderr[-2000:])
         assert "2 rollouts" in result.stdout
     finally:
@@ -135,19 +150,11 @@ def test_the_local_openai_server_serves_the_readmes_eval(tmp_path):
         server.wait(timeout=60)
 
 
-def make_pipeline_buffer(folder: Path) -> None:
-    """``runs/buffer.jsonl`` and ``runs/buffer.index`` as the README's pipeline writes them."""
-    for command in ("rapo buffer build --source scripted --num-tasks 8 --output runs/buffer.jsonl",
-                    "rapo buffer index --corpus_path runs/buffer.jsonl --index_path runs/buffer.index"):
-        subprocess.run(["bash", "-c", command], cwd=folder, env=shell_env(), check=True, capture_output=True,
-                       timeout=600)
-
-
 @pytest.mark.parametrize("index", range(len(blocks("python"))))
-def test_each_python_snippet_runs(index, tmp_path):
+def test_each_python_snippet_runs(index, tmp_path, request):
     snippet = blocks("python")[index]
-    if "runs/buffer" in snippet:  # a snippet that reads the pipeline's buffer gets it made first
-        make_pipeline_buffer(tmp_path)
-    result = subprocess.run([sys.executable, "-c", snippet], cwd=tmp_path, env=shell_env(), capture_output=True,
+    # A snippet that reads the pipeline's buffer runs where the pipeline wrote it.
+    folder = request.getfixturevalue("pipeline")[0] if "runs/buffer" in snippet else tmp_path
+    result = subprocess.run([sys.executable, "-c", snippet], cwd=folder, env=shell_env(), capture_output=True,
                             text=True, timeout=300)
     assert result.returncode == 0, (snippet, result.stderr[-3000:])
