@@ -186,17 +186,25 @@ print(json.dumps([generation.token_ids, generation.logprobs]))
 """
 
 
-def int8_decoding_with_fbgemm_isa(isa: str | None) -> list:
+def start_int8_decoding(isa: str | None) -> subprocess.Popen:
+    """The probe in a fresh interpreter, with fbgemm limited to ``isa`` (None: the CPU's best kernels)."""
     env = {k: v for k, v in os.environ.items() if k != "FBGEMM_ENABLE_INSTRUCTIONS"}
     if isa:
         env["FBGEMM_ENABLE_INSTRUCTIONS"] = isa  # read by fbgemm when torch loads
-    done = subprocess.run([sys.executable, "-c", ISA_PROBE], env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return subprocess.Popen([sys.executable, "-c", ISA_PROBE], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def decoding_of(probe: subprocess.Popen) -> list:
+    stdout, stderr = probe.communicate(timeout=300)
+    assert probe.returncode == 0, stderr[-2000:]
+    return json.loads(stdout.strip().splitlines()[-1])
 
 
 @pytest.mark.slow
 def test_smollm2_int8_gives_the_same_tokens_and_logprobs_on_fbgemms_avx2_kernels():
     # On a VNNI CPU the default kernels add u8 x s8 products straight into int32; the AVX2 ones go through
     # saturating int16 pairs. Bit-identical outputs mean no sum saturated (on an AVX2-only CPU both runs are AVX2).
-    assert int8_decoding_with_fbgemm_isa("AVX2") == int8_decoding_with_fbgemm_isa(None)
+    # The two single-threaded probes run side by side.
+    avx2, default = start_int8_decoding("AVX2"), start_int8_decoding(None)
+    assert decoding_of(avx2) == decoding_of(default)
