@@ -8,9 +8,9 @@ as the tool's do, so a reply it cannot parse shows up as ``Error processing sear
 
 from __future__ import annotations
 
-import subprocess
 import sys
 
+from rapo_cli import main
 from rapo_tools.serving import free_port, serve_command
 
 
@@ -35,12 +35,13 @@ def reference_wiki_search(response) -> str:
 def test_the_reference_search_tool_reads_rapo_search_serve(shared_data, tmp_path, reference_post):
     corpus = shared_data / "corpus/searchr1_example_corpus.jsonl"
     index = tmp_path / "reference.faiss"
-    rapo = [sys.executable, "-m", "rapo_cli", "search"]
     port = free_port()
-    build = [*rapo, "build-index", "--corpus_path", str(corpus), "--index_path", str(index), "--index_type", "flat"]
-    serve = [*rapo, "serve", "--index_path", str(index), "--port", str(port), "--device", "cpu"]
-    subprocess.run([*build, "--device", "cpu", "--encoder", "reference"], check=True, capture_output=True)
-    with serve_command(serve, port) as url:
+    build = ["build-index", "--corpus_path", str(corpus), "--index_path", str(index), "--index_type", "flat"]
+    serve = ["serve", "--index_path", str(index), "--port", str(port), "--device", "cpu"]
+    # `rapo search build-index` in this process (its command line, without another interpreter's start-up), then
+    # `rapo search serve` as its own process, as a user runs it.
+    assert main(["search", *build, "--device", "cpu", "--encoder", "reference"]) == 0
+    with serve_command([sys.executable, "-m", "rapo_cli", "search", *serve], port) as url:
         observation = reference_wiki_search(reference_post(f"{url}/wikiSearch", "Genentech lobbyist", topk=2))
     assert observation.startswith('Doc 1 (Title: "Evan Morris")\n'), observation
     assert "\nDoc 2 (Title: " in observation and "Error processing" not in observation
