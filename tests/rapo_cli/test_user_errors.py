@@ -4,6 +4,7 @@ traceback, and no work done first (each case answers in seconds)."""
 import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -42,16 +43,24 @@ CASES = {
 }
 
 
-def rapo(*args: str, **env: str) -> subprocess.CompletedProcess:
+def rapo(*args: str, cwd=None, **env: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "rapo_cli", *args], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "RAPO_DEBUG": "", **env})
+                          cwd=cwd, env={**os.environ, "RAPO_DEBUG": "", **env})
+
+
+@pytest.fixture(scope="module")
+def answers(tmp_path_factory) -> dict[str, subprocess.CompletedProcess]:
+    """What `rapo` answers to each case, each run in a folder of its own; the cases share nothing, so their processes
+    run side by side, one per CPU."""
+    folders = {case: tmp_path_factory.mktemp("case") for case in CASES}
+    with ThreadPoolExecutor(max_workers=os.cpu_count()) as pool:
+        return dict(zip(CASES, pool.map(lambda case: rapo(*CASES[case][0], cwd=folders[case]), CASES), strict=True))
 
 
 @pytest.mark.parametrize("case", list(CASES), ids=list(CASES))
-def test_a_user_error_is_one_line_naming_the_setting_with_exit_code_2(case, tmp_path):
+def test_a_user_error_is_one_line_naming_the_setting_with_exit_code_2(case, answers):
     args, setting = CASES[case]
-    result = subprocess.run([sys.executable, "-m", "rapo_cli", *args], capture_output=True, text=True, timeout=120,
-                            cwd=tmp_path, env={**os.environ, "RAPO_DEBUG": ""})
+    result = answers[case]
     assert result.returncode == 2, (result.stdout, result.stderr)
     assert "Traceback" not in result.stderr + result.stdout
     lines = result.stderr.strip().splitlines()
