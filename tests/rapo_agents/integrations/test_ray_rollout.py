@@ -52,13 +52,6 @@ def free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def ray_cluster():
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
-    yield
-    ray.shutdown()
-
-
-@pytest.fixture(scope="module")
 def retrieval_url(ray_cluster):
     from ray import serve
 

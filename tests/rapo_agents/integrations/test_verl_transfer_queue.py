@@ -13,6 +13,7 @@ CPUs and waits forever on a two-CPU Ray. The fixture starts one storage unit and
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 
 import pytest
@@ -147,23 +148,27 @@ def rapo_reference(rollouts: list[Rollout]) -> dict[str, torch.Tensor]:
     }
 
 
+def free_cpus(needed: int, wait_s: float = 60.0) -> float:
+    """Ray's free CPUs once ``needed`` are free, or after ``wait_s``: the actors of a module that ran before on the
+    same Ray give theirs back a moment after they are killed."""
+    deadline = time.monotonic() + wait_s
+    while (free := ray.available_resources().get("CPU", 0)) < needed and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return free
+
+
 @pytest.fixture(scope="module")
-def transfer_queue():
-    """A TransferQueue (controller + one SimpleStorage unit) on a local two-CPU Ray, closed afterwards."""
-    owns_ray = not ray.is_initialized()
-    if owns_ray:
-        ray.init(num_cpus=TRANSFER_QUEUE_CPUS, include_dashboard=False, log_to_driver=False, configure_logging=False)
+def transfer_queue(ray_cluster):
+    """A TransferQueue (controller + one SimpleStorage unit) on the folder's two-CPU Ray, closed afterwards."""
     try:
-        free_cpus = ray.available_resources().get("CPU", 0)
-        if free_cpus < TRANSFER_QUEUE_CPUS:
+        free = free_cpus(TRANSFER_QUEUE_CPUS)
+        if free < TRANSFER_QUEUE_CPUS:
             pytest.fail(f"TransferQueue needs {TRANSFER_QUEUE_CPUS} free Ray CPUs and tq.init would wait forever; "
-                        f"the running Ray has {free_cpus}")
+                        f"the running Ray has {free}")
         tq.init({"backend": {"SimpleStorage": {"num_data_storage_units": 1}}})
         yield tq
     finally:
         tq.close()
-        if owns_ray:
-            ray.shutdown()
 
 
 def put_rollouts(rollouts: list[Rollout]) -> KVBatchMeta:
