@@ -90,7 +90,8 @@ def test_an_explicit_rule_is_kept():
 def test_the_trainer_refuses_rollouts_of_another_fidelity():
     entropy = torch.ones(1, 4)
     fields = [episode_fields([(0, 2), (2, 4)], [1, 0], 1, 4, fidelity="paper")]
-    with pytest.raises(ValueError, match="agent loop ran with fidelity='paper' but the trainer has rapo.fidelity='reference'"):
+    expected = "agent loop ran with fidelity='paper' but the trainer has rapo.fidelity='reference'"
+    with pytest.raises(ValueError, match=expected):
         retrieval_terms_from_fields(entropy, fields, fidelity="reference")
     reference_fields = [episode_fields([(0, 2), (2, 4)], [1, 0], 1, 4, fidelity="reference")]
     z_ret, _ = retrieval_terms_from_fields(entropy, reference_fields, fidelity="reference")

@@ -68,7 +68,8 @@ def first_step(retriever, rule):
 
 def test_a_failed_retrieval_splices_its_error_in_reference_mode():
     observation, info = first_step(DownRetriever(), "reference")
-    assert f"<retrieve>\n{REFERENCE_ERROR_PREFIX}ConnectionError: retrieval service unreachable\n</retrieve>" in observation
+    error = f"{REFERENCE_ERROR_PREFIX}ConnectionError: retrieval service unreachable"
+    assert f"<retrieve>\n{error}\n</retrieve>" in observation
     assert info["retrieval"]["fallback"] and info["retrieval_errors"] == 1
     assert "unreachable" in info["retrieval_error"]
 

@@ -20,12 +20,13 @@ KEPT_IN_TMP = scratch_keep_entries(interpreter_roots(sys.executable)).get("/tmp"
 # processes in the sandbox (but init, the worker's server and its template, the call's parent), and no SysV
 # IPC object in its IPC namespace.
 SERVER_PID = "int(next(l for l in open(f'/proc/{os.getppid()}/status') if l.startswith('PPid:')).split()[1])"
-"""Sandboxed code's expression (with ``os`` imported) for its worker's server: the parent of its parent, the template."""
+"""Sandboxed code's expression (with ``os`` imported) for its worker's server: its parent's parent, the template."""
 
 HEALTH_CHECK = (
     "import os\n"
     f"server = {SERVER_PID}\n"
-    "others = [p for p in os.listdir('/proc') if p.isdigit() and int(p) not in (1, os.getpid(), os.getppid(), server)]\n"
+    "others = [p for p in os.listdir('/proc')\n"
+    "          if p.isdigit() and int(p) not in (1, os.getpid(), os.getppid(), server)]\n"
     "ipc = [line for name in ('shm', 'msg', 'sem') for line in open(f'/proc/sysvipc/{name}').read().splitlines()[1:]]\n"
     f"tmp = sorted(set(os.listdir('/tmp')) - {set(KEPT_IN_TMP)!r})\n"
     "print(sum(range(10)), tmp, os.listdir('/dev/shm'), others, ipc)"

@@ -91,7 +91,8 @@ def test_a_worker_whose_template_limits_changed_retires():
     # The second line, without the seccomp filter: the template checks what it would hand down before each
     # fork, and when a call lowered its limits the worker retires (the pool then starts a fresh one).
     settings = {"preload": [], "scratch_dirs": [], "own_pid_namespace": False, "limits": {}}
-    attack = "import os, resource\nresource.prlimit(os.getppid(), resource.RLIMIT_FSIZE, (4096, 4096))\nprint('lowered')"
+    attack = ("import os, resource\n"
+              "resource.prlimit(os.getppid(), resource.RLIMIT_FSIZE, (4096, 4096))\nprint('lowered')")
     requests = b"".join(encode_frame({"code": code, "timeout_s": 10, "max_output_bytes": 1000})
                         for code in (attack, "print('next')"))
     completed = subprocess.run([sys.executable, "-I", "-c", worker_source(), json.dumps(settings)],
@@ -146,7 +147,8 @@ SCAN_OWN_MEMORY = (
 def test_no_call_finds_an_earlier_calls_code_or_output_in_its_memory(warm_worker, healthy):
     secret = _secret()
     padding = "# " + "x" * 2000 + "\n"  # a 2 KB call, as the red team's
-    holder = warm_worker.run_sync(f"{padding}secret = {secret!r}\nprint(secret)\nimport sys\nprint(secret, file=sys.stderr)")
+    holder = warm_worker.run_sync(
+        f"{padding}secret = {secret!r}\nprint(secret)\nimport sys\nprint(secret, file=sys.stderr)")
     assert secret in holder.text
     for _ in range(3):
         scan = warm_worker.run_sync(SCAN_OWN_MEMORY.format(upper=secret.upper()))
