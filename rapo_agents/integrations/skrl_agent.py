@@ -276,7 +276,8 @@ class RapoSkrlAgent(Agent):
         # The question is the task id: build_batch then groups the rollouts of one question.
         episode = Episode(task_index=None, rollout_index=self.episodes_started, group_index=None)
         episode.begin(prompt, {"task_id": prompt, "system_prompt": self.system_prompt}, self.tokenizer,
-                      self.cfg.rollout.max_prompt_tokens, self.cfg.rollout.max_response_tokens)
+                      self.cfg.rollout.max_prompt_tokens, self.cfg.rollout.max_response_tokens,
+                      min_tokens_after_splice=self.cfg.rollout.min_tokens_after_splice)
         self.episodes[slot] = episode
         self.episodes_started += 1
 

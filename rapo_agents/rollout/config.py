@@ -54,6 +54,10 @@ class RolloutConfig:
     """Token budget of everything after the prompt (policy turns, tool results, retrieved traces)."""
     max_turn_tokens: int | None = None
     """Most tokens of one policy turn (None: the rest of the response budget)."""
+    min_tokens_after_splice: int = 0
+    """A retrieval splice is skipped (and counted in ``retrieval/skipped_splices``) unless at least this many
+    response tokens of the budget remain after its observation, room for the rest of the episode (an answer);
+    0: the paper's rule, skip only a splice that does not fit."""
     max_tool_calls: int = 3
     """Tool calls per episode, the env's limit (the reference allows 3); the trainer passes it to the env."""
     gpu_memory_utilization: float = 0.5
@@ -79,6 +83,9 @@ class RolloutConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.max_turn_tokens is not None and self.max_turn_tokens < 1:
             raise ValueError(f"max_turn_tokens must be >= 1 or None, got {self.max_turn_tokens}")
+        if self.min_tokens_after_splice < 0:
+            raise ValueError(f"min_tokens_after_splice must be >= 0 (0: skip only a splice that does not fit), "
+                             f"got {self.min_tokens_after_splice}")
         if self.batch_wait_s is not None and self.batch_wait_s < 0:
             raise ValueError(f"batch_wait_s must be >= 0 or None, got {self.batch_wait_s}")
         if self.backend in POLICY_BACKENDS:

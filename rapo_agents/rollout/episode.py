@@ -14,7 +14,8 @@ appended as generated (loss mask 1, their log-probs kept) and each observation i
 tokenized once and appended (loss mask 0). The history is never re-tokenized.
 A retrieval splice (``info["retrieval"]["span"]``, a character span of the observation)
 is tokenized as its own piece, so its tokens are known exactly; a splice that does not fit the
-response budget is skipped (spec §4), never cut, and counted in ``skipped_splices``.
+response budget is skipped (spec §4), never cut, and counted in ``skipped_splices``, as is one that would
+leave fewer than ``min_tokens_after_splice`` tokens of it (`RolloutConfig.min_tokens_after_splice`, default 0).
 
 Example:
     >>> from rapo_agents.policies import ByteTokenizer, Generation
@@ -137,15 +138,20 @@ class EpisodeRecord:
     retrieval_tokens: int = 0
     retrieval_token_spans: list[tuple[int, int]] = dataclasses.field(default_factory=list)
     skipped_splices: int = 0
-    """Retrieval splices left out because they did not fit the response budget."""
+    """Retrieval splices left out because they did not fit the response budget (or its headroom)."""
+    min_tokens_after_splice: int = 0
+    """Response tokens a splice's observation must leave for the rest of the episode, or the splice is skipped
+    (`RolloutConfig.min_tokens_after_splice`; 0: the paper's rule, skip only a splice that does not fit)."""
 
     @classmethod
     def start(
-        cls, tokenizer: Any, system_prompt: str, user_prompt: str, max_prompt_tokens: int, max_response_tokens: int
+        cls, tokenizer: Any, system_prompt: str, user_prompt: str, max_prompt_tokens: int, max_response_tokens: int,
+        min_tokens_after_splice: int = 0,
     ) -> EpisodeRecord:
         ids, truncated = fit_prompt(tokenizer, system_prompt, user_prompt, max_prompt_tokens)
         return cls(tokenizer=tokenizer, token_ids=ids, prompt_length=len(ids), max_response_tokens=max_response_tokens,
-                   prompt_truncated=truncated, loss_mask=[0] * len(ids), logprobs=[0.0] * len(ids))
+                   prompt_truncated=truncated, loss_mask=[0] * len(ids), logprobs=[0.0] * len(ids),
+                   min_tokens_after_splice=min_tokens_after_splice)
 
     def fork(self) -> EpisodeRecord:
         """An independent copy to continue a branched rollout: the prefix's tokens, masks, log-probs and steps
@@ -195,9 +201,10 @@ class EpisodeRecord:
         """Tokenize ``observation`` once and append it (loss mask 0); False when the budget cut it.
 
         A retrieval splice is tokenized as its own piece and its token span recorded in
-        ``retrieval["token_span"]``. A splice that does not fit what is left of the budget is skipped
-        whole (spec §4: the episode goes on without it, and ``skipped_splices`` counts it); the caller
-        sees that ``retrieval`` got no ``token_span``. Only the env's own text is ever cut.
+        ``retrieval["token_span"]``. A splice that does not fit what is left of the budget, or after whose
+        observation fewer than ``min_tokens_after_splice`` tokens would be left, is skipped whole (spec §4: the
+        episode goes on without it, and ``skipped_splices`` counts it); the caller sees that ``retrieval`` got no
+        ``token_span``. Only the env's own text is ever cut.
         """
         pieces: list[tuple[str, bool]] = [(observation, False)]
         if retrieval is not None:
@@ -208,7 +215,8 @@ class EpisodeRecord:
             pieces = [(observation[:start], False), (observation[start:end], True), (observation[end:], False)]
         encoded = [(encode_env_text(self.tokenizer, text) if text else [], spliced)
                    for text, spliced in pieces]
-        if retrieval is not None and sum(len(ids) for ids, _ in encoded) > self.remaining:
+        left_after = self.remaining - sum(len(ids) for ids, _ in encoded)
+        if retrieval is not None and left_after < self.min_tokens_after_splice:
             encoded = [(ids, spliced) for ids, spliced in encoded if not spliced]
             self.skipped_splices += 1
         budget, fits = self.remaining, True
@@ -301,20 +309,22 @@ class Episode:
         return self.end_reason is not None
 
     def begin(self, prompt: str, reset_info: dict[str, Any], tokenizer: Any, max_prompt_tokens: int,
-              max_response_tokens: int, question: str | None = None) -> None:
-        """Start from ``env.reset``'s prompt and info: template the prompt once into a fresh token record."""
+              max_response_tokens: int, question: str | None = None, min_tokens_after_splice: int = 0) -> None:
+        """Start from ``env.reset``'s prompt and info: template the prompt once into a fresh token record
+        (``min_tokens_after_splice``: `EpisodeRecord.min_tokens_after_splice`)."""
         self.prompt, self.reset_info = prompt, dict(reset_info)
         self.question = prompt if question is None else question
         self.record = EpisodeRecord.start(tokenizer, reset_info.get("system_prompt", ""), prompt,
-                                          max_prompt_tokens, max_response_tokens)
+                                          max_prompt_tokens, max_response_tokens, min_tokens_after_splice)
 
     def start(self, env: Any, run_seed: int, tokenizer: Any, max_prompt_tokens: int,
-              max_response_tokens: int) -> None:
+              max_response_tokens: int, min_tokens_after_splice: int = 0) -> None:
         """Play in ``env``: reset it for this task and rollout (its seed derived from ``run_seed`` and both
         indices, so no result depends on which env serves the episode), then `begin`."""
         self.env = env
         prompt, info = self._reset(run_seed)
-        self.begin(prompt, info, tokenizer, max_prompt_tokens, max_response_tokens, question=self._question(prompt))
+        self.begin(prompt, info, tokenizer, max_prompt_tokens, max_response_tokens, question=self._question(prompt),
+                   min_tokens_after_splice=min_tokens_after_splice)
 
     def branch(self, rollout_index: int, reserve: list[int], env: Any, run_seed: int) -> Episode:
         """ARPO: rollout ``rollout_index`` of the group, continuing this one from its last tool result in ``env``
@@ -408,9 +418,9 @@ class Episode:
         """Append the env's observation to the token record (``info["retrieval"]`` marks a splice in it).
 
         The episode ends with ``length`` when the env's own observation does not fit the response budget (or
-        fills it): it is then scored with the env's reward function. A retrieval splice that does not fit is
-        skipped instead (`EpisodeRecord.add_observation`), the wrapper is told, and the step keeps no
-        retrieval mark.
+        fills it): it is then scored with the env's reward function. A retrieval splice that does not fit (or
+        leaves less than ``min_tokens_after_splice``) is skipped instead (`EpisodeRecord.add_observation`), the
+        wrapper is told, and the step keeps no retrieval mark.
         """
         record = self.record
         step = record.steps[-1]

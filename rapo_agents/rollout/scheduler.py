@@ -126,7 +126,7 @@ class Scheduler:
         while self.waiting and len(self.ready) + len(self.stepping) < config.max_concurrent_episodes:
             episode = self.waiting.pop()
             episode.start(self.settings.envs.acquire(), self.seed, self.settings.policy.tokenizer,
-                          config.max_prompt_tokens, config.max_response_tokens)
+                          config.max_prompt_tokens, config.max_response_tokens, config.min_tokens_after_splice)
             self.ready.append(episode)
 
     def collect_env_steps(self) -> None:
