@@ -193,8 +193,9 @@ class HeldoutEvaluator:
         self.config = config
         self.seed = seed
         kwargs = heldout_env_kwargs(env_kwargs, config)
+        # No top log-probs: they feed only the step entropy of the retrieval reward, which evaluation never uses.
         greedy = dataclasses.replace(
-            rollout, rollout_n=1, temperature=0.0, top_p=1.0, top_k=0, show_progress=False,
+            rollout, rollout_n=1, temperature=0.0, top_p=1.0, top_k=0, top_logprobs=0, show_progress=False,
             max_response_tokens=config.max_eval_tokens or rollout.max_response_tokens,
         )
         self.engine = RolloutEngine(env, policy, greedy, kwargs)

@@ -189,10 +189,10 @@ class FastPolicy(HFPolicy):
             if not still_live:
                 break
             if len(still_live) < len(live):
-                keep = torch.tensor(still_live, device=device)
-                cache, next_position = cache.select(keep), next_position[keep]
-                live = [live[s] for s in still_live]
-                tokens = [tokens[s] for s in still_live]
+                cache, order = cache.keep(still_live)
+                next_position = next_position[torch.tensor(order, device=device)]
+                live = [live[s] for s in order]
+                tokens = [tokens[s] for s in order]
             if written == cache.capacity:
                 cache = cache.grow(CACHE_CHUNK)
             step_input = torch.tensor(tokens, device=device)[:, None]

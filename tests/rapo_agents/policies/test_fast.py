@@ -63,6 +63,18 @@ def test_stop_strings_eos_and_rows_leaving_the_batch_early(reference, monkeypatc
     assert cut.finish_reason == "stop" and cut.text.endswith(stop) and cut.text.count(stop) == 1
 
 
+def test_rows_leaving_in_any_order_keep_their_own_cache(reference):
+    # Each finished row's slot is taken by a live row from the end of the batch (`KVCache.keep`): a row that
+    # moved must go on from its own keys and values, so every row matches the reference decoded alone.
+    fast = FastPolicy(reference.model, reference.tokenizer, weight_format="fp32")
+    contexts = contexts_of(reference, "one", "a second context", "the third of them", "4", "and a fifth, longest")
+    params = [GREEDY.replace(max_new_tokens=n) for n in (3, 9, 2, 16, 5)]
+    for context, param, got in zip(contexts, params, fast.generate(contexts, params), strict=True):
+        expected = reference.generate([context], param)[0]
+        assert got.token_ids == expected.token_ids
+        torch.testing.assert_close(torch.tensor(got.logprobs), torch.tensor(expected.logprobs), atol=1e-4, rtol=1e-4)
+
+
 def test_weight_updates_change_what_it_generates_with_or_without_an_explicit_sync(reference):
     fast = FastPolicy(reference.model, reference.tokenizer, weight_format="fp32")
     [context] = contexts_of(reference, "Compute 12 * 7 with python.")
