@@ -64,12 +64,6 @@ DEFAULT_PREFIX_CACHE_BYTES = 1 << 30
 KV heads x 64 dims x keys and values x 4 bytes = 46 KB a token), e.g. the live turns of 64 episodes of 360
 tokens; the int8 and fp32 formats keep float32 KV, bf16 half of that."""
 
-PARALLEL_TOKENS = 8
-"""Default `FastPolicy` ``parallel_tokens``: from this many tokens in one forward (batch rows times new tokens) the
-matmuls are large enough to split across cores. A 64-question QA evaluation (rows of up to 32) took 109 s on one
-thread and 82 s on two (2-core Xeon, medians of 2 rounds), with the same answers: the int8 path's outputs do not
-depend on the thread count (its sums are integers; each row's attention runs on one thread)."""
-
 MIN_SHARED_TOKENS = 32
 """Shortest prefix of several rows that is prefilled once on its own: below it, the extra forward costs about what
 it saves."""
@@ -94,12 +88,10 @@ class FastPolicy(HFPolicy):
         weight_format: ``int8``, ``bf16`` or ``fp32`` (None: the fastest this CPU has, see
             `rapo_agents.policies.llama_decoder.default_weight_format`).
         recalibrate_every: int8 only: rerun the SmoothQuant calibration pass every this many repacks.
-        threads: torch threads while decoding a forward of fewer than ``parallel_tokens`` tokens (restored
-            afterwards; None = leave them). 1 by default: in a training run the sandbox workers, encoders and
-            verifiers run while the policy decodes, and on 2 shared cores a second OpenMP thread halved batch-1
-            speed (``benchmarks/generation.py --threads 1 2``); the update keeps the process's own setting.
-        parallel_tokens: forwards of at least this many tokens (a prefill, a decode step of many rows) run on the
-            caller's thread count instead (see `PARALLEL_TOKENS`); None = never.
+        threads: torch threads while decoding (restored afterwards; None = leave them). 1 by default: in a
+            training run the sandbox workers, encoders and verifiers run while the policy decodes, and on 2
+            shared cores a second OpenMP thread halved batch-1 speed (``benchmarks/generation.py --threads 1 2``);
+            the update, when nothing else runs, keeps the process's own setting.
         prefix_cache_bytes: budget of the `PrefixCache` of decoded sequences' KV, in bytes (0: no prefix caching,
             every context is prefilled whole); see `DEFAULT_PREFIX_CACHE_BYTES`.
     """
@@ -108,19 +100,16 @@ class FastPolicy(HFPolicy):
     """Its log-probs come from rounded weights: a trainer recomputes them with the trained module."""
 
     def __init__(self, model: Any, tokenizer: Any, max_batch_size: int = 32, weight_format: str | None = None,
-                 recalibrate_every: int = 8, threads: int | None = 1, parallel_tokens: int | None = PARALLEL_TOKENS,
+                 recalibrate_every: int = 8, threads: int | None = 1,
                  prefix_cache_bytes: int = DEFAULT_PREFIX_CACHE_BYTES):
         if recalibrate_every < 1:
             raise ValueError(f"recalibrate_every must be >= 1, got {recalibrate_every}")
         if threads is not None and threads < 1:
             raise ValueError(f"threads must be >= 1 or None, got {threads}")
-        if parallel_tokens is not None and parallel_tokens < 1:
-            raise ValueError(f"parallel_tokens must be >= 1 or None (never), got {parallel_tokens}")
         if prefix_cache_bytes < 0:
             raise ValueError(f"prefix_cache_bytes must be >= 0 (0 turns prefix caching off), got {prefix_cache_bytes}")
         super().__init__(model, tokenizer, max_batch_size=max_batch_size)
-        self.recalibrate_every, self.threads, self.parallel_tokens = recalibrate_every, threads, parallel_tokens
-        self._caller_threads = torch.get_num_threads()
+        self.recalibrate_every, self.threads = recalibrate_every, threads
         self._repacks = 0
         self._maxima: dict[str, torch.Tensor] | None = None
         self.decoder = LlamaDecoder(model.config, weight_format or default_weight_format(self.device), self.device)
@@ -175,21 +164,14 @@ class FastPolicy(HFPolicy):
     def generate(self, contexts, sampling: SamplingParams | Any) -> list[Generation]:
         if self._weights_version() != self._packed_version:
             self.repack()
-        self._caller_threads = torch.get_num_threads()
+        before = torch.get_num_threads()
+        if self.threads is not None and self.threads != before:
+            torch.set_num_threads(self.threads)
         try:
             return super().generate(contexts, sampling)
         finally:
-            if torch.get_num_threads() != self._caller_threads:
-                torch.set_num_threads(self._caller_threads)
-
-    def _forward(self, input_ids: torch.Tensor, positions: torch.Tensor, cache: KVCache, start: int,
-                 valid: torch.Tensor) -> torch.Tensor:
-        """`LlamaDecoder.forward` on `threads`, or on the caller's threads from ``parallel_tokens`` tokens on."""
-        parallel = self.parallel_tokens is not None and input_ids.numel() >= self.parallel_tokens
-        wanted = self._caller_threads if parallel else self.threads
-        if wanted is not None and wanted != torch.get_num_threads():
-            torch.set_num_threads(wanted)
-        return self.decoder.forward(input_ids, positions, cache, start, valid)
+            if torch.get_num_threads() != before:
+                torch.set_num_threads(before)
 
     def _generate_batch(self, contexts: list[list[int]], params: list[SamplingParams]) -> list[Generation]:
         device = self.device
@@ -214,8 +196,8 @@ class FastPolicy(HFPolicy):
             if written == cache.capacity:
                 cache = cache.grow(CACHE_CHUNK)
             step_input = torch.tensor(tokens, device=device)[:, None]
-            logits = self._forward(step_input, next_position, cache, written,
-                                   torch.ones_like(step_input, dtype=torch.bool))
+            logits = self.decoder.forward(step_input, next_position, cache, written,
+                                          torch.ones_like(step_input, dtype=torch.bool))
             written += 1
             next_position = next_position + 1
         return [row.to_generation(self.tokenizer) for row in rows]
@@ -266,7 +248,7 @@ class FastPolicy(HFPolicy):
         positions = (valid.long().cumsum(-1) - 1).clamp(min=0) + torch.tensor(reused)[:, None]
         self.prefill_stats.prefilled_tokens += int(valid.sum())
         device = self.device
-        logits = self._forward(input_ids.to(device), positions.to(device), cache, head, valid.to(device))
+        logits = self.decoder.forward(input_ids.to(device), positions.to(device), cache, head, valid.to(device))
         return cache, logits, head + width
 
     def _remember(self, cache: KVCache, live: list[int], still_live: list[int], contexts: list[list[int]],
