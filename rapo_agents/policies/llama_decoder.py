@@ -185,8 +185,9 @@ class KVCache:
         """The cache of the given batch rows only (finished rows leave the batch), in its first ``len(rows)`` rows.
 
         Each kept row past them moves into the slot of a row that left, so only those rows are copied (a gather
-        of the kept rows copied the whole cache each time a row finished: 12% of a held-out evaluation). Returns
-        the cache, a view of this one, and the old row of each of its rows.
+        of the kept rows copied the whole cache each time a row finished: 12% of a held-out evaluation). This
+        cache's rows are rearranged in place; returns the new cache (a view of this one's first rows) and the old
+        row of each of its rows.
         """
         count = len(rows)
         kept = set(rows)
@@ -196,7 +197,7 @@ class KVCache:
         for hole, mover in zip(holes, movers, strict=True):
             order[hole] = mover
         if movers:
-            source, target = torch.tensor(movers), torch.tensor(holes)
+            source, target = (torch.tensor(part, device=self.keys.device) for part in (movers, holes))
             self.keys[:, target] = self.keys[:, source]
             self.values[:, target] = self.values[:, source]
             self.valid[target] = self.valid[source]
