@@ -63,9 +63,11 @@ METHODS = {
     "RAPO no retrieval reward": ["algorithm.advantage_weight=0"],
     "RAPO no shaping": ["algorithm.shaping_weight=0"],
     "RAPO TIS": ["algorithm.rollout_correction=tis"],
+    "RAPO on-policy baseline": ["algorithm.baseline=on_policy"],
 }
 """Each method's overrides on top of its task's config (``RAPO TIS``: RAPO with truncated importance sampling
-against the int8 sampler, `docs/training.md`; compared with RAPO, not part of `PLAN`)."""
+against the int8 sampler; ``RAPO on-policy baseline``: ``A_acc``'s group mean and std from the unspliced rollouts
+only; both in `docs/training.md`, compared with RAPO, not part of `PLAN`)."""
 ABLATIONS = ("RAPO random retrieval", "RAPO no retrieval reward", "RAPO no shaping")
 SETTINGS = {"warm-up": [], "no warm-up": ["warmup.sft_steps=0", "total_steps=20"]}
 """The two starting points; without the warm-up the run gets twice the steps."""

@@ -32,6 +32,7 @@ import torch
 Fidelity = Literal["paper", "reference"]
 LossWeighting = Literal["token_mean", "micro_batch_mean"]
 RolloutCorrection = Literal["none", "tis", "mis"]
+Baseline = Literal["group", "on_policy"]
 
 #: Added to the denominators of the spec's normalisations (§5 dH, §6 std).
 EPS = 1e-6
@@ -99,6 +100,12 @@ class RAPOConfig:
     """The cap of ``rollout_correction`` (> 1): TIS truncates ``w`` at it, MIS keeps ``w`` in ``[1/cap, cap]``.
     2.0 is the default of TRL's ``vllm_importance_sampling_cap`` and of verl's ``rollout_is_threshold``."""
 
+    baseline: Baseline = "group"
+    """Which rollouts of a group give ``A_acc`` its mean and std. ``group`` (the paper, spec §6): all of them.
+    ``on_policy``: only those that got no splice, so that high-reward spliced rollouts do not lower the
+    advantages of the policy's own (a group with fewer than 2 such rollouts uses all of them). Not the paper's:
+    an experiment of ``docs/training.md`` (multi-step math, where spliced rollouts set the group mean)."""
+
     def __post_init__(self) -> None:
         if self.fidelity not in ("paper", "reference"):
             raise ValueError(f"fidelity must be 'paper' or 'reference', got {self.fidelity!r}")
@@ -109,6 +116,8 @@ class RAPOConfig:
             raise ValueError(f"clip_ratio_c must be > 1 (dual clip), got {self.clip_ratio_c}")
         if self.loss_weighting not in ("token_mean", "micro_batch_mean"):
             raise ValueError(f"loss_weighting must be 'token_mean' or 'micro_batch_mean', got {self.loss_weighting!r}")
+        if self.baseline not in ("group", "on_policy"):
+            raise ValueError(f"baseline must be 'group' or 'on_policy', got {self.baseline!r}")
         if self.rollout_correction not in ("none", "tis", "mis"):
             raise ValueError(f"rollout_correction must be 'none', 'tis' or 'mis', got {self.rollout_correction!r}")
         if not (math.isfinite(self.rollout_correction_cap) and self.rollout_correction_cap > 1.0):
@@ -294,7 +303,8 @@ def retrieval_reward(
 
 
 def group_normalize(
-    values: torch.Tensor, group_index: torch.Tensor, eps: float = EPS, scale_by_std: bool = True
+    values: torch.Tensor, group_index: torch.Tensor, eps: float = EPS, scale_by_std: bool = True,
+    reference: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``(x - mean_g(x)) / (std_g(x) + eps)`` within each group ``g`` (§6), as GRPO's ``A_acc``.
 
@@ -305,27 +315,39 @@ def group_normalize(
         values: ``[N]`` one value per rollout (reward ``R`` or ``Z_ret``).
         group_index: ``[N]`` integer id of each rollout's group (question).
         scale_by_std: False only centres, ``x - mean_g(x)`` (Dr.GRPO, verl's ``norm_adv_by_std_in_grpo=false``).
+        reference: ``[N]`` bool, or None (all): the rollouts whose values give each group's mean and std
+            (every rollout of the group is still normalised); a group with fewer than 2 of them uses all.
 
     Example:
         >>> [round(a, 4) for a in group_normalize(torch.tensor([1.0, 0.0, 5.0]), torch.tensor([0, 0, 1])).tolist()]
         [0.7071, -0.7071, 5.0]
         >>> group_normalize(torch.tensor([1.0, 0.0, 5.0]), torch.tensor([0, 0, 1]), scale_by_std=False).tolist()
         [0.5, -0.5, 5.0]
+        >>> spliced_first = group_normalize(torch.tensor([1.0, 0.0, 0.0, 1.0]), torch.zeros(4), scale_by_std=False,
+        ...                                 reference=torch.tensor([False, True, True, True]))
+        >>> [round(a, 4) for a in spliced_first.tolist()]  # the mean is 1/3, over the last three only
+        [0.6667, -0.3333, -0.3333, 0.6667]
     """
     if values.dim() != 1 or values.shape != group_index.shape:
         raise ValueError(
             "values and group_index must be 1-d of one length, "
             f"got {tuple(values.shape)} and {tuple(group_index.shape)}"
         )
+    if reference is not None and reference.shape != values.shape:
+        raise ValueError(f"reference must be [N] like values, got {tuple(reference.shape)}")
     _, dense = torch.unique(group_index, return_inverse=True)
     num_groups = int(dense.max().item()) + 1 if dense.numel() else 0
-    counts = torch.zeros(num_groups, dtype=values.dtype, device=values.device).index_add_(
-        0, dense, torch.ones_like(values)
-    )
-    sums = torch.zeros_like(counts).index_add(0, dense, values)
-    means = sums / counts
-    squared = torch.zeros_like(counts).index_add(0, dense, (values - means[dense]) ** 2)
-    stds = torch.sqrt(squared / (counts - 1).clamp(min=1))
+
+    def group_sum(x: torch.Tensor) -> torch.Tensor:
+        return torch.zeros(num_groups, dtype=values.dtype, device=values.device).index_add_(0, dense, x)
+
+    weights = torch.ones_like(values)
+    if reference is not None:
+        chosen = reference.to(values.dtype)
+        weights = torch.where((group_sum(chosen) >= 2)[dense], chosen, weights)
+    counts = group_sum(weights)
+    means = group_sum(weights * values) / counts
+    stds = torch.sqrt(group_sum(weights * (values - means[dense]) ** 2) / (counts - 1).clamp(min=1))
     single = counts == 1
     means = torch.where(single, torch.zeros_like(means), means)
     stds = torch.where(single, torch.ones_like(stds), stds)
@@ -350,19 +372,21 @@ def rapo_advantages(
     advantage_weight: float = 0.2,
     eps: float = EPS,
     norm_by_std: bool = True,
+    baseline: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """RAPO's advantage per rollout (§6): ``A_acc * (1 + a * A_ret)`` with both normalised per group.
 
     ``A_ret`` normalises ``Z_ret`` over the whole group, on-policy zeros included; when every
     ``Z_ret`` of a group is 0, ``A_ret = 0`` and the result is GRPO's ``A_acc``. With
-    ``norm_by_std=False`` both are only centred (Dr.GRPO).
+    ``norm_by_std=False`` both are only centred (Dr.GRPO). ``baseline`` (``[N]`` bool, None: all) picks the
+    rollouts whose rewards give ``A_acc``'s group mean and std (`RAPOConfig.baseline`; not the paper's).
 
     Example:
         >>> group = torch.tensor([0, 0])
         >>> [round(a, 4) for a in rapo_advantages(torch.tensor([1.0, 0.0]), torch.zeros(2), group).tolist()]
         [0.7071, -0.7071]
     """
-    a_acc = group_normalize(rewards, group_index, eps, norm_by_std)
+    a_acc = group_normalize(rewards, group_index, eps, norm_by_std, reference=baseline)
     a_ret = group_normalize(z_ret, group_index, eps, norm_by_std)
     return fused_advantage(a_acc, a_ret, advantage_weight)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -217,6 +218,49 @@ def test_the_batch_builder_follows_norm_adv_by_std_in_grpo():
     dr_grpo = build_batch(rollouts, pad_token_id=0, config=RAPOConfig(norm_adv_by_std_in_grpo=False)).advantages
     assert grpo.tolist() == pytest.approx([0.7071, -0.7071], abs=1e-4)
     assert dr_grpo.tolist() == pytest.approx([0.5, -0.5])
+
+
+def test_an_on_policy_baseline_takes_the_group_mean_and_std_from_unspliced_rollouts_only():
+    rewards = torch.tensor([1.0, 1.0, 0.0, 1.0, 0.0, 3.0, 5.0], dtype=torch.float64)
+    groups = torch.tensor([0, 0, 0, 0, 0, 1, 1])
+    unspliced = torch.tensor([False, False, True, True, True, True, False])
+    a_acc = group_normalize(rewards, groups, scale_by_std=False, reference=unspliced)
+    # group 0: mean over the three unspliced rollouts (1/3), not over all five (3/5); group 1 has one
+    # unspliced rollout, too few for a baseline, so it keeps the whole group's mean (4)
+    expected = [2 / 3, 2 / 3, -1 / 3, 2 / 3, -1 / 3, -1.0, 1.0]
+    torch.testing.assert_close(a_acc, torch.tensor(expected, dtype=torch.float64))
+    scaled = group_normalize(rewards, groups, reference=unspliced)
+    std = torch.tensor([0.0, 1.0, 0.0]).std()  # the unbiased std of the unspliced rewards of group 0
+    torch.testing.assert_close(scaled[:5], a_acc[:5] / (std.double() + 1e-6))
+    assert torch.equal(group_normalize(rewards, groups, reference=torch.ones(7, dtype=torch.bool)),
+                       group_normalize(rewards, groups))
+    with pytest.raises(ValueError, match="reference"):
+        group_normalize(rewards, groups, reference=unspliced[:3])
+
+
+def test_the_batch_builder_takes_the_baseline_of_the_config():
+    from rapo_agents.batch import build_batch
+    from rapo_env.trajectory import StepRecord, Trajectory
+
+    def rollout(index: int, reward: float, spliced: bool) -> Trajectory:
+        steps = [StepRecord(action="a", observation="", token_start=2, token_end=3, entropy_paper=1.0,
+                            entropy_reference=0.5, retrieval={"key": "k"} if spliced else None),
+                 StepRecord(action="b", observation="", token_start=3, token_end=4, entropy_paper=1.0,
+                            entropy_reference=0.5)]
+        return Trajectory(task_id="q", rollout_index=index, question="q", system_prompt="", prompt="q", steps=steps,
+                          reward=reward, metrics={}, num_tool_calls=0, end_reason="answer", source="test",
+                          token_ids=[5, 6, 7, 8], loss_mask=[0, 0, 1, 1], logprobs=[0.0, 0.0, -1.0, -1.0],
+                          prompt_length=2, extra={"group_index": 0})
+
+    rollouts = [rollout(0, 0.0, False), rollout(1, 1.0, False), rollout(2, 1.0, True), rollout(3, 1.0, True)]
+    config = RAPOConfig(advantage_weight=0.0, norm_adv_by_std_in_grpo=False)
+    group = build_batch(rollouts, pad_token_id=0, config=config).advantages
+    on_policy = build_batch(rollouts, pad_token_id=0,
+                            config=dataclasses.replace(config, baseline="on_policy")).advantages
+    assert group.tolist() == pytest.approx([-0.75, 0.25, 0.25, 0.25])
+    assert on_policy.tolist() == pytest.approx([-0.5, 0.5, 0.5, 0.5])  # the mean of the first two: 0.5
+    with pytest.raises(ValueError, match="baseline"):
+        RAPOConfig(baseline="spliced")
 
 
 def test_norm_adv_by_std_in_grpo_is_a_setting_with_verls_name():
