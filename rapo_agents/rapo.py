@@ -101,9 +101,10 @@ class RAPOConfig:
     2.0 is the default of TRL's ``vllm_importance_sampling_cap`` and of verl's ``rollout_is_threshold``."""
 
     baseline: Baseline = "group"
-    """Which rollouts of a group give ``A_acc`` its mean and std. ``group`` (the paper, spec §6): all of them.
+    """Which rollouts of a group give ``A_acc`` its mean. ``group`` (the paper, spec §6): all of them.
     ``on_policy``: only those that got no splice, so that high-reward spliced rollouts do not lower the
-    advantages of the policy's own (a group with fewer than 2 such rollouts uses all of them). Not the paper's:
+    advantages of the policy's own (a group with fewer than 2 such rollouts uses all of them); the std is still
+    the whole group's, which stays above 0 whenever the rewards differ. Not the paper's:
     an experiment of ``docs/training.md`` (multi-step math, where spliced rollouts set the group mean)."""
 
     def __post_init__(self) -> None:
@@ -315,8 +316,10 @@ def group_normalize(
         values: ``[N]`` one value per rollout (reward ``R`` or ``Z_ret``).
         group_index: ``[N]`` integer id of each rollout's group (question).
         scale_by_std: False only centres, ``x - mean_g(x)`` (Dr.GRPO, verl's ``norm_adv_by_std_in_grpo=false``).
-        reference: ``[N]`` bool, or None (all): the rollouts whose values give each group's mean and std
-            (every rollout of the group is still normalised); a group with fewer than 2 of them uses all.
+        reference: ``[N]`` bool, or None (all): the rollouts whose values give each group's mean (every
+            rollout of the group is still normalised); a group with fewer than 2 of them uses all. The std stays
+            the whole group's: a reference whose values are all equal (every unspliced rollout failed) has std 0,
+            and dividing by it sent the other rollouts' advantages to ``1 / eps``.
 
     Example:
         >>> [round(a, 4) for a in group_normalize(torch.tensor([1.0, 0.0, 5.0]), torch.tensor([0, 0, 1])).tolist()]
@@ -345,9 +348,10 @@ def group_normalize(
     if reference is not None:
         chosen = reference.to(values.dtype)
         weights = torch.where((group_sum(chosen) >= 2)[dense], chosen, weights)
-    counts = group_sum(weights)
-    means = group_sum(weights * values) / counts
-    stds = torch.sqrt(group_sum(weights * (values - means[dense]) ** 2) / (counts - 1).clamp(min=1))
+    counts = group_sum(torch.ones_like(values))
+    group_means = group_sum(values) / counts
+    means = group_sum(weights * values) / group_sum(weights)
+    stds = torch.sqrt(group_sum((values - group_means[dense]) ** 2) / (counts - 1).clamp(min=1))
     single = counts == 1
     means = torch.where(single, torch.zeros_like(means), means)
     stds = torch.where(single, torch.ones_like(stds), stds)
@@ -379,7 +383,7 @@ def rapo_advantages(
     ``A_ret`` normalises ``Z_ret`` over the whole group, on-policy zeros included; when every
     ``Z_ret`` of a group is 0, ``A_ret = 0`` and the result is GRPO's ``A_acc``. With
     ``norm_by_std=False`` both are only centred (Dr.GRPO). ``baseline`` (``[N]`` bool, None: all) picks the
-    rollouts whose rewards give ``A_acc``'s group mean and std (`RAPOConfig.baseline`; not the paper's).
+    rollouts whose rewards give ``A_acc``'s group mean (`RAPOConfig.baseline`; not the paper's).
 
     Example:
         >>> group = torch.tensor([0, 0])

@@ -220,7 +220,7 @@ def test_the_batch_builder_follows_norm_adv_by_std_in_grpo():
     assert dr_grpo.tolist() == pytest.approx([0.5, -0.5])
 
 
-def test_an_on_policy_baseline_takes_the_group_mean_and_std_from_unspliced_rollouts_only():
+def test_an_on_policy_baseline_takes_the_group_mean_from_unspliced_rollouts_and_the_std_from_all():
     rewards = torch.tensor([1.0, 1.0, 0.0, 1.0, 0.0, 3.0, 5.0], dtype=torch.float64)
     groups = torch.tensor([0, 0, 0, 0, 0, 1, 1])
     unspliced = torch.tensor([False, False, True, True, True, True, False])
@@ -230,8 +230,12 @@ def test_an_on_policy_baseline_takes_the_group_mean_and_std_from_unspliced_rollo
     expected = [2 / 3, 2 / 3, -1 / 3, 2 / 3, -1 / 3, -1.0, 1.0]
     torch.testing.assert_close(a_acc, torch.tensor(expected, dtype=torch.float64))
     scaled = group_normalize(rewards, groups, reference=unspliced)
-    std = torch.tensor([0.0, 1.0, 0.0]).std()  # the unbiased std of the unspliced rewards of group 0
-    torch.testing.assert_close(scaled[:5], a_acc[:5] / (std.double() + 1e-6))
+    std = rewards[:5].std()  # the unbiased std of all of group 0's rewards
+    torch.testing.assert_close(scaled[:5], a_acc[:5] / (std + 1e-6))
+    # Every unspliced rollout failed (their std is 0): the spliced ones' advantage stays bounded.
+    failed_alone = group_normalize(torch.tensor([1.0, 1.0, 0.0, 0.0]), torch.zeros(4),
+                                   reference=torch.tensor([False, False, True, True]))
+    assert failed_alone.tolist() == pytest.approx([1 / 0.57735, 1 / 0.57735, 0.0, 0.0], rel=1e-4)
     assert torch.equal(group_normalize(rewards, groups, reference=torch.ones(7, dtype=torch.bool)),
                        group_normalize(rewards, groups))
     with pytest.raises(ValueError, match="reference"):
