@@ -46,6 +46,7 @@ import shutil
 import statistics
 import time
 from pathlib import Path
+from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -94,24 +95,29 @@ def make_config(task: str, setting: str, seed: int, overrides: list[str], folder
         "logging.progress=false", f"logging.output_dir={folder}"])
 
 
-def train_base(task: str, setting: str, seed: int, overrides: list[str], root: Path) -> Path:
-    """The shared start of a (task, setting, seed): the warm-up and the step-0 held-out evaluation, once."""
+def train_to_the_end(config: Any, folder: Path) -> None:
+    """Train ``config`` in ``folder`` and mark it finished; a run stopped by a signal stops the whole benchmark
+    (its checkpoint stays, unmarked, so that the same command resumes it) instead of going on to the next run."""
     from rapo_agents.trainer import RAPOTrainer
 
+    started = time.perf_counter()
+    if RAPOTrainer(config).train().interrupted:
+        raise SystemExit(f"stopped in {folder}, which keeps its checkpoint: run the same command again to resume")
+    (folder / DONE).write_text(json.dumps({"seconds": time.perf_counter() - started,
+                                           "load_average": os.getloadavg()[0]}))
+
+
+def train_base(task: str, setting: str, seed: int, overrides: list[str], root: Path) -> Path:
+    """The shared start of a (task, setting, seed): the warm-up and the step-0 held-out evaluation, once."""
     folder = run_folder(root, task, setting, seed, "shared-start")
     if not (folder / DONE).is_file():
         print(f"== shared start: {task}, {setting}, seed {seed}")
-        started = time.perf_counter()
-        RAPOTrainer(make_config(task, setting, seed, overrides, folder, None)).train()
-        (folder / DONE).write_text(json.dumps({"seconds": time.perf_counter() - started,
-                                               "load_average": os.getloadavg()[0]}))
+        train_to_the_end(make_config(task, setting, seed, overrides, folder, None), folder)
     return folder
 
 
 def train_method(task: str, setting: str, seed: int, method: str, overrides: list[str], root: Path) -> Path:
     """One method's run, resumed from the shared start (copied once); skipped when already finished."""
-    from rapo_agents.trainer import RAPOTrainer
-
     folder = run_folder(root, task, setting, seed, method)
     if (folder / DONE).is_file():
         return folder
@@ -119,11 +125,7 @@ def train_method(task: str, setting: str, seed: int, method: str, overrides: lis
     if not folder.exists():
         shutil.copytree(base, folder, ignore=shutil.ignore_patterns(DONE, "*.lock", "events.out.tfevents.*"))
     print(f"== {method}: {task}, {setting}, seed {seed}")
-    started = time.perf_counter()
-    result = RAPOTrainer(make_config(task, setting, seed, overrides, folder, method)).train()
-    if not result.interrupted:
-        (folder / DONE).write_text(json.dumps({"seconds": time.perf_counter() - started,
-                                               "load_average": os.getloadavg()[0]}))
+    train_to_the_end(make_config(task, setting, seed, overrides, folder, method), folder)
     return folder
 
 

@@ -73,3 +73,26 @@ def test_every_method_of_a_seed_resumes_from_one_shared_warm_up(learning, tiny_m
     assert runs[0]["heldout"][0] == runs[1]["heldout"][0]
     (comparison,) = learning.against(runs, "RAPO", "GRPO")
     assert comparison["seeds"] == 1 and comparison["pairs"] == 3
+
+
+def test_a_run_stopped_by_a_signal_stops_the_benchmark_and_stays_unfinished(learning, tmp_path, monkeypatch):
+    # The trainer's own signal handling (tests/rapo_agents/test_trainer.py) reports a stopped run as
+    # interrupted; the benchmark must not mark it finished, nor go on to the next run (it did both).
+    import types
+
+    import rapo_agents.trainer
+
+    class StoppedTrainer:
+        def __init__(self, config):
+            self.config = config
+
+        def train(self):
+            return types.SimpleNamespace(interrupted=True)
+
+    monkeypatch.setattr(rapo_agents.trainer, "RAPOTrainer", StoppedTrainer)
+    root = tmp_path / "runs"
+    with pytest.raises(SystemExit, match="run the same command again to resume"):
+        learning.train_method("math-multistep", "warm-up", 0, "GRPO", [], root)
+    shared = learning.run_folder(root, "math-multistep", "warm-up", 0, "shared-start")
+    assert not (shared / learning.DONE).exists()
+    assert not learning.run_folder(root, "math-multistep", "warm-up", 0, "GRPO").exists()
