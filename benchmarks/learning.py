@@ -67,9 +67,11 @@ METHODS = {
     "RAPO on-policy baseline": ["algorithm.baseline=on_policy"],
 }
 """Each method's overrides on top of its task's config (``RAPO TIS``: RAPO with truncated importance sampling
-against the int8 sampler; ``RAPO on-policy baseline``: ``A_acc``'s group mean and std from the unspliced rollouts
-only; both in `docs/training.md`, compared with RAPO, not part of `PLAN`)."""
+against the int8 sampler; ``RAPO on-policy baseline``: ``A_acc``'s group mean from the unspliced rollouts only;
+both `VARIANTS`)."""
 ABLATIONS = ("RAPO random retrieval", "RAPO no retrieval reward", "RAPO no shaping")
+VARIANTS = ("RAPO TIS", "RAPO on-policy baseline")
+"""Settings that are not the paper's (`docs/training.md`), compared with RAPO and GRPO; not part of `PLAN`."""
 SETTINGS = {"warm-up": [], "no warm-up": ["warmup.sft_steps=0", "total_steps=20"]}
 """The two starting points; without the warm-up the run gets twice the steps."""
 PLAN = {"tasks": ["qa", "math-multistep"], "methods": ["GRPO", "RAPO"], "seeds": [0, 1, 2, 3, 4],
@@ -357,9 +359,9 @@ def main() -> None:
                 "truncated": nanmean(r.get("truncated_fraction") for r in chosen),
                 "s/run": nanmean(r["seconds"] for r in chosen),
             })
-    comparisons = [row for method in ("RAPO", *ABLATIONS) for row in against(runs, method, "GRPO")]
+    comparisons = [row for method in ("RAPO", *ABLATIONS, *VARIANTS) for row in against(runs, method, "GRPO")]
     comparisons += [row for method in ABLATIONS for row in against(runs, "RAPO", method)]
-    comparisons += against(runs, "RAPO TIS", "RAPO")
+    comparisons += [row for method in VARIANTS for row in against(runs, method, "RAPO")]
     mechanism = [{"task": r["task"], "setting": r["setting"], "method": r["method"], "seed": r["seed"],
                   "hybrid spliced": r["hybrid_splice_rate"], **r["mechanism"]}
                  for r in runs if r["method"] != "GRPO"]
