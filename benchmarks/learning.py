@@ -65,12 +65,14 @@ METHODS = {
     "RAPO no shaping": ["algorithm.shaping_weight=0"],
     "RAPO TIS": ["algorithm.rollout_correction=tis"],
     "RAPO on-policy baseline": ["algorithm.baseline=on_policy"],
+    "RAPO spliced out of the loss": ["algorithm.spliced_loss=false"],
 }
 """Each method's overrides on top of its task's config (``RAPO TIS``: RAPO with truncated importance sampling
 against the int8 sampler; ``RAPO on-policy baseline``: ``A_acc``'s group mean from the unspliced rollouts only;
-both `VARIANTS`)."""
+``RAPO spliced out of the loss``: spliced rollouts shape the group's baseline but are not trained on; all
+`VARIANTS`)."""
 ABLATIONS = ("RAPO random retrieval", "RAPO no retrieval reward", "RAPO no shaping")
-VARIANTS = ("RAPO TIS", "RAPO on-policy baseline")
+VARIANTS = ("RAPO TIS", "RAPO on-policy baseline", "RAPO spliced out of the loss")
 """Settings that are not the paper's (`docs/training.md`), compared with RAPO and GRPO; not part of `PLAN`."""
 SETTINGS = {"warm-up": [], "no warm-up": ["warmup.sft_steps=0", "total_steps=20"]}
 """The two starting points; without the warm-up the run gets twice the steps."""

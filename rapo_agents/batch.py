@@ -115,14 +115,16 @@ def build_batch(
     positions = torch.arange(attention.shape[1])[None, :]
     response_mask = (attention > 0) & (positions >= tensors["prompt_lengths"][:, None])
     rewards = tensors["rewards"]
-    unspliced = tensors["step_retrieved"].sum(-1) == 0 if config.baseline == "on_policy" else None
+    spliced = tensors["step_retrieved"].sum(-1) > 0
+    loss_mask = tensors["loss_mask"] if config.spliced_loss else tensors["loss_mask"] * ~spliced[:, None]
     return TrainBatch(
         input_ids=tensors["input_ids"],
         attention_mask=attention,
-        loss_mask=tensors["loss_mask"],
+        loss_mask=loss_mask,
         old_logprobs=tensors["old_logprobs"],
         advantages=rapo_advantages(rewards, z_ret, tensors["group_ids"], config.advantage_weight, config.eps,
-                                   config.norm_adv_by_std_in_grpo, baseline=unspliced),
+                                   config.norm_adv_by_std_in_grpo,
+                                   baseline=~spliced if config.baseline == "on_policy" else None),
         f_ret=retrieval_fraction(tensors["retrieval_mask"], response_mask),
         rewards=rewards,
         z_ret=z_ret,

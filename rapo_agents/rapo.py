@@ -107,6 +107,12 @@ class RAPOConfig:
     the whole group's, which stays above 0 whenever the rewards differ. Not the paper's:
     an experiment of ``docs/training.md`` (multi-step math, where spliced rollouts set the group mean)."""
 
+    spliced_loss: bool = True
+    """Whether spliced (hybrid) rollouts carry loss. True (the paper): their own tokens are trained, the retrieved
+    ones masked. False: they still count in their group's ``A_acc`` mean and std, but none of their tokens is
+    trained. Not the paper's: a diagnostic of ``docs/training.md`` (is it learning from spliced rollouts that
+    costs RAPO held-out accuracy on multi-step math?)."""
+
     def __post_init__(self) -> None:
         if self.fidelity not in ("paper", "reference"):
             raise ValueError(f"fidelity must be 'paper' or 'reference', got {self.fidelity!r}")

@@ -266,6 +266,13 @@ def test_the_batch_builder_takes_the_baseline_of_the_config():
     with pytest.raises(ValueError, match="baseline"):
         RAPOConfig(baseline="spliced")
 
+    # Spliced rollouts out of the loss: they still set the group's baseline, but none of their tokens trains.
+    trained = build_batch(rollouts, pad_token_id=0, config=config)
+    untrained = build_batch(rollouts, pad_token_id=0, config=dataclasses.replace(config, spliced_loss=False))
+    assert untrained.advantages.tolist() == trained.advantages.tolist()
+    assert untrained.loss_mask.sum(-1).tolist() == [2, 2, 0, 0]
+    assert torch.equal(untrained.loss_mask[:2], trained.loss_mask[:2])
+
 
 def test_norm_adv_by_std_in_grpo_is_a_setting_with_verls_name():
     from rapo_agents.config import load_config
