@@ -66,13 +66,15 @@ METHODS = {
     "RAPO TIS": ["algorithm.rollout_correction=tis"],
     "RAPO on-policy baseline": ["algorithm.baseline=on_policy"],
     "RAPO spliced out of the loss": ["algorithm.spliced_loss=false"],
+    "RAPO own rollouts only": ["algorithm.spliced_loss=false", "algorithm.baseline=on_policy",
+                               "algorithm.advantage_weight=0"],
 }
 """Each method's overrides on top of its task's config (``RAPO TIS``: RAPO with truncated importance sampling
 against the int8 sampler; ``RAPO on-policy baseline``: ``A_acc``'s group mean from the unspliced rollouts only;
-``RAPO spliced out of the loss``: spliced rollouts shape the group's baseline but are not trained on; all
-`VARIANTS`)."""
+``RAPO spliced out of the loss``: spliced rollouts shape the group's baseline but are not trained on; ``RAPO own
+rollouts only``: neither, and no ``A_ret`` (GRPO on the unspliced rollouts, retrieval still on); all `VARIANTS`)."""
 ABLATIONS = ("RAPO random retrieval", "RAPO no retrieval reward", "RAPO no shaping")
-VARIANTS = ("RAPO TIS", "RAPO on-policy baseline", "RAPO spliced out of the loss")
+VARIANTS = ("RAPO TIS", "RAPO on-policy baseline", "RAPO spliced out of the loss", "RAPO own rollouts only")
 """Settings that are not the paper's (`docs/training.md`), compared with RAPO and GRPO; not part of `PLAN`."""
 SETTINGS = {"warm-up": [], "no warm-up": ["warmup.sft_steps=0", "total_steps=20"]}
 """The two starting points; without the warm-up the run gets twice the steps."""
