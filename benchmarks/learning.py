@@ -68,13 +68,17 @@ METHODS = {
     "RAPO spliced out of the loss": ["algorithm.spliced_loss=false"],
     "RAPO own rollouts only": ["algorithm.spliced_loss=false", "algorithm.baseline=on_policy",
                                "algorithm.advantage_weight=0"],
+    "GRPO two rollouts per question": ["retrieval.enabled=false", "rollout_n=2"],
 }
 """Each method's overrides on top of its task's config (``RAPO TIS``: RAPO with truncated importance sampling
 against the int8 sampler; ``RAPO on-policy baseline``: ``A_acc``'s group mean from the unspliced rollouts only;
 ``RAPO spliced out of the loss``: spliced rollouts shape the group's baseline but are not trained on; ``RAPO own
-rollouts only``: neither, and no ``A_ret`` (GRPO on the unspliced rollouts, retrieval still on); all `VARIANTS`)."""
+rollouts only``: neither, and no ``A_ret`` (GRPO on the unspliced rollouts, retrieval still on); ``GRPO two rollouts
+per question``: GRPO on as many of its own rollouts per question as RAPO trains on multi-step math, about 2 of 4;
+all `VARIANTS`)."""
 ABLATIONS = ("RAPO random retrieval", "RAPO no retrieval reward", "RAPO no shaping")
-VARIANTS = ("RAPO TIS", "RAPO on-policy baseline", "RAPO spliced out of the loss", "RAPO own rollouts only")
+VARIANTS = ("RAPO TIS", "RAPO on-policy baseline", "RAPO spliced out of the loss", "RAPO own rollouts only",
+            "GRPO two rollouts per question")
 """Settings that are not the paper's (`docs/training.md`), compared with RAPO and GRPO; not part of `PLAN`."""
 SETTINGS = {"warm-up": [], "no warm-up": ["warmup.sft_steps=0", "total_steps=20"]}
 """The two starting points; without the warm-up the run gets twice the steps."""
@@ -84,6 +88,11 @@ PLAN = {"tasks": ["qa", "math-multistep"], "methods": ["GRPO", "RAPO"], "seeds":
 setting on both tasks over 3."""
 QUICK = ["total_steps=2", "evaluation.heldout_tasks=20"]
 DONE = "benchmark_done.json"
+
+
+def retrieves(method: str) -> bool:
+    """Whether ``method``'s rollouts splice retrieved steps (GRPO's and its variants' do not)."""
+    return "retrieval.enabled=false" not in METHODS[method]
 
 
 def run_folder(root: Path, task: str, setting: str, seed: int, method: str) -> Path:
@@ -170,8 +179,9 @@ def summarize(task: str, setting: str, seed: int, method: str, folder: Path) -> 
         "sampler_kl_k3": mean_of("rollout_correction/kl_k3"),
         "truncated_fraction": mean_of("rollout_correction/truncated_fraction"),
         "mechanism": {**{key.removeprefix("mechanism/"): mean_of(key) for key in mechanism_keys},
-                      **(within_group_splice_effect(folder) if method != "GRPO" else {}),
-                      **(splice_relevance(folder) if task == "qa" and method != "GRPO" else {})},
+                      **(within_group_splice_effect(folder) if retrieves(method) else {}),
+                      **(unspliced_selection(folder) if retrieves(method) else {}),
+                      **(splice_relevance(folder) if task == "qa" and retrieves(method) else {})},
         "seconds": done["seconds"], "load_average": done["load_average"],
     }
 
@@ -219,6 +229,29 @@ def within_group_splice_effect(folder: Path) -> dict:
     deltas = [statistics.fmean(g[True]) - statistics.fmean(g[False]) for g in groups.values() if g[True] and g[False]]
     return {"within_group_spliced_minus_unspliced_reward": nanmean(deltas), "groups_with_both": float(len(deltas)),
             "length_cut_spliced": nanmean(cut[True]), "length_cut_unspliced": nanmean(cut[False])}
+
+
+def unspliced_selection(folder: Path) -> dict:
+    """Which of the policy's own rollouts a RAPO group keeps: accuracy and tool calls of the on-policy rollouts
+    (the first ``no_retrieve_first_k``, a plain sample of the policy) against the hybrid rollouts that got no
+    splice. A hybrid rollout escapes every splice only if each of its retrieval rounds draws none, so the longer
+    episodes (more rounds) are spliced more often, and the unspliced ones that remain are not a plain sample."""
+    from rapo_agents.config import load_config
+    from rapo_agents.trainer import retrieval_wrapper
+
+    settings = retrieval_wrapper(load_config(str(folder / "config.yaml"), []), None).keywords["settings"]
+    onpolicy, unspliced = [], []
+    for line in (folder / "trajectories.jsonl").read_text(encoding="utf-8").splitlines():
+        trajectory = json.loads(line)
+        if not settings.is_hybrid(trajectory["rollout_index"]):
+            onpolicy.append(trajectory)
+        elif not any(step.get("retrieval") for step in trajectory["steps"]):
+            unspliced.append(trajectory)
+    return {"onpolicy_accuracy": nanmean(t["metrics"].get("accuracy") for t in onpolicy),
+            "hybrid_unspliced_accuracy": nanmean(t["metrics"].get("accuracy") for t in unspliced),
+            "onpolicy_tool_calls": nanmean(t["num_tool_calls"] for t in onpolicy),
+            "hybrid_unspliced_tool_calls": nanmean(t["num_tool_calls"] for t in unspliced),
+            "hybrid_unspliced_rollouts": float(len(unspliced))}
 
 
 def mean_and_interval(values: list[float]) -> tuple[float, float]:
@@ -368,7 +401,7 @@ def main() -> None:
     comparisons += [row for method in VARIANTS for row in against(runs, method, "RAPO")]
     mechanism = [{"task": r["task"], "setting": r["setting"], "method": r["method"], "seed": r["seed"],
                   "hybrid spliced": r["hybrid_splice_rate"], **r["mechanism"]}
-                 for r in runs if r["method"] != "GRPO"]
+                 for r in runs if retrieves(r["method"])]
     name = "learning_quick" if args.quick else "learning"
     picture = plot(runs, RESULTS_DIR / f"{name}.png", "held-out accuracy (greedy), mean and 95% t-interval over seeds")
     loads = [r["load_average"] for r in runs]

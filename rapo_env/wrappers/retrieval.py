@@ -165,6 +165,21 @@ class RetrievalSettings:
         if self.max_context_chars is not None and self.max_context_chars < 1:
             raise ValueError(f"max_context_chars must be positive or None, got {self.max_context_chars}")
 
+    def is_hybrid(self, rollout_index: int | None) -> bool:
+        """Whether the rollout with this index (within its group) may retrieve; None means yes.
+
+        Example:
+            >>> settings = RetrievalSettings(no_retrieve_first_k=1, group_size=4)
+            >>> [settings.is_hybrid(i) for i in range(5)], settings.is_hybrid(None)
+            ([False, True, True, True, False], True)
+        """
+        if rollout_index is None:
+            return True
+        index = int(rollout_index) % self.group_size
+        if self.hybrid_rule == "paper":
+            return index >= self.no_retrieve_first_k
+        return index > self.no_retrieve_first_k
+
     @property
     def fallback(self) -> str:
         """``fallback_text``, or by default the reference's sentence in its ``<think>`` wrapper with
@@ -202,15 +217,6 @@ class StepTraceRetrievalWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
         self._errors = 0
         self._retrievals = 0
 
-    def is_hybrid(self, rollout_index: int | None) -> bool:
-        """Whether the rollout with this index (within its group) may retrieve; None means yes."""
-        if rollout_index is None:
-            return True
-        index = int(rollout_index) % self.settings.group_size
-        if self.settings.hybrid_rule == "paper":
-            return index >= self.settings.no_retrieve_first_k
-        return index > self.settings.no_retrieve_first_k
-
     def may_retrieve(self, terminated: bool, truncated: bool, info: dict[str, Any]) -> bool:
         """Whether the step just taken is a retrieval round under ``retrieve_after`` (module docstring)."""
         if terminated or truncated:
@@ -230,7 +236,7 @@ class StepTraceRetrievalWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
         observation, info = self.env.reset(seed=seed, options=options)
         self._require_text(observation, "reset")
         rollout_index = (options or {}).get("rollout_index", info.get("rollout_index"))
-        self._hybrid = self.is_hybrid(rollout_index)
+        self._hybrid = self.settings.is_hybrid(rollout_index)
         self._context = observation
         self._last_splice = None
         self._errors = 0

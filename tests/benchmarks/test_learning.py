@@ -69,7 +69,8 @@ def test_every_method_of_a_seed_resumes_from_one_shared_warm_up(learning, tiny_m
     assert (folders["RAPO"] / learning.DONE).stat().st_mtime_ns == finished
 
     runs = [learning.summarize("math-multistep", "warm-up", 0, method, folder) for method, folder in folders.items()]
-    assert {"spliced_reward", "within_group_spliced_minus_unspliced_reward"} <= set(runs[1]["mechanism"])
+    assert {"spliced_reward", "within_group_spliced_minus_unspliced_reward", "onpolicy_accuracy",
+            "hybrid_unspliced_accuracy"} <= set(runs[1]["mechanism"])
     assert runs[0]["heldout"][0] == runs[1]["heldout"][0]
     (comparison,) = learning.against(runs, "RAPO", "GRPO")
     assert comparison["seeds"] == 1 and comparison["pairs"] == 3
@@ -96,3 +97,16 @@ def test_a_run_stopped_by_a_signal_stops_the_benchmark_and_stays_unfinished(lear
     shared = learning.run_folder(root, "math-multistep", "warm-up", 0, "shared-start")
     assert not (shared / learning.DONE).exists()
     assert not learning.run_folder(root, "math-multistep", "warm-up", 0, "GRPO").exists()
+
+
+def test_grpo_with_two_rollouts_per_question_differs_from_grpo_only_in_the_group_size(learning, tmp_path):
+    # The control for RAPO's fewer own rollouts per group: everything else must be GRPO's.
+    def flat(config) -> dict:
+        return {f"{section}.{key}": value for section, values in config.to_dict().items()
+                if isinstance(values, dict) for key, value in values.items()}
+
+    grpo, two = (flat(learning.make_config("math-multistep", "warm-up", 1, [], tmp_path, method))
+                 for method in ("GRPO", "GRPO two rollouts per question"))
+    assert {key: (grpo[key], two[key]) for key in grpo if grpo[key] != two[key]} == {"rollout.rollout_n": (4, 2)}
+    assert not learning.retrieves("GRPO two rollouts per question") and not learning.retrieves("GRPO")
+    assert learning.retrieves("RAPO own rollouts only")

@@ -30,7 +30,7 @@ def test_a_copied_episode_goes_on_from_the_source_state_independently():
     copy_episode(source, target)
     assert target.context == source.context and target.unwrapped.transcript == source.unwrapped.transcript
     assert target.unwrapped.tool_calls == 1 and target.unwrapped.turn == 1
-    assert not target.is_hybrid(0) and target.step("<python>print(1)</python>")[4]["retrieval"] is None
+    assert not target.settings.is_hybrid(0) and target.step("<python>print(1)</python>")[4]["retrieval"] is None
     # The tool-call limit counts the copied call: one more call is allowed, the next truncates.
     *_, truncated, info = target.step("<python>print(2)</python>")
     assert truncated and info["episode_end"] == "tool_limit"
