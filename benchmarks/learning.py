@@ -237,9 +237,9 @@ def unspliced_selection(folder: Path) -> dict:
     splice. A hybrid rollout escapes every splice only if each of its retrieval rounds draws none, so the longer
     episodes (more rounds) are spliced more often, and the unspliced ones that remain are not a plain sample."""
     from rapo_agents.config import load_config
-    from rapo_agents.trainer import retrieval_wrapper
+    from rapo_agents.trainer import retrieval_settings
 
-    settings = retrieval_wrapper(load_config(str(folder / "config.yaml"), []), None).keywords["settings"]
+    settings = retrieval_settings(load_config(str(folder / "config.yaml"), []))
     onpolicy, unspliced = [], []
     for line in (folder / "trajectories.jsonl").read_text(encoding="utf-8").splitlines():
         trajectory = json.loads(line)

@@ -366,14 +366,20 @@ def training_env_kwargs(config: TrainConfig) -> dict[str, Any]:
     return kwargs
 
 
-def retrieval_wrapper(config: TrainConfig, retriever: Any) -> Callable[[gym.Env], gym.Env]:
-    """The (picklable) wrapper of hybrid rollouts (spec §4): rollouts ``>= no_retrieve_first_k`` of a group
-    retrieve from ``retriever`` (a `Retriever` or a service URL)."""
-    from rapo_env.wrappers.retrieval import RetrievalSettings, StepTraceRetrievalWrapper
+def retrieval_settings(config: TrainConfig) -> Any:
+    """The run's `rapo_env.wrappers.retrieval.RetrievalSettings` (spec §4)."""
+    from rapo_env.wrappers.retrieval import RetrievalSettings
 
     retrieval = config.retrieval
-    settings = RetrievalSettings(
+    return RetrievalSettings(
         retrieve_prob=retrieval.retrieve_prob, topk=retrieval.topk, select=config.select_rule,
         no_retrieve_first_k=retrieval.no_retrieve_first_k, group_size=config.rollout.rollout_n,
         hybrid_rule=config.algorithm.hybrid_rule, retrieve_after=retrieval.retrieve_after, seed=config.seed)
-    return functools.partial(StepTraceRetrievalWrapper, retriever=retriever, settings=settings)
+
+
+def retrieval_wrapper(config: TrainConfig, retriever: Any) -> Callable[[gym.Env], gym.Env]:
+    """The (picklable) wrapper of hybrid rollouts (spec §4): rollouts ``>= no_retrieve_first_k`` of a group
+    retrieve from ``retriever`` (a `Retriever` or a service URL)."""
+    from rapo_env.wrappers.retrieval import StepTraceRetrievalWrapper
+
+    return functools.partial(StepTraceRetrievalWrapper, retriever=retriever, settings=retrieval_settings(config))
