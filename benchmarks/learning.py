@@ -69,16 +69,18 @@ METHODS = {
     "RAPO own rollouts only": ["algorithm.spliced_loss=false", "algorithm.baseline=on_policy",
                                "algorithm.advantage_weight=0"],
     "GRPO two rollouts per question": ["retrieval.enabled=false", "rollout_n=2"],
+    "RAPO first round only": ["retrieval.retrieve_after=first_round"],
 }
 """Each method's overrides on top of its task's config (``RAPO TIS``: RAPO with truncated importance sampling
 against the int8 sampler; ``RAPO on-policy baseline``: ``A_acc``'s group mean from the unspliced rollouts only;
 ``RAPO spliced out of the loss``: spliced rollouts shape the group's baseline but are not trained on; ``RAPO own
 rollouts only``: neither, and no ``A_ret`` (GRPO on the unspliced rollouts, retrieval still on); ``GRPO two rollouts
 per question``: GRPO on as many of its own rollouts per question as RAPO trains on multi-step math, about 2 of 4;
-all `VARIANTS`)."""
+``RAPO first round only``: one retrieval draw per hybrid rollout, after its first round, so that its unspliced
+rollouts are not selected for being short; all `VARIANTS`)."""
 ABLATIONS = ("RAPO random retrieval", "RAPO no retrieval reward", "RAPO no shaping")
 VARIANTS = ("RAPO TIS", "RAPO on-policy baseline", "RAPO spliced out of the loss", "RAPO own rollouts only",
-            "GRPO two rollouts per question")
+            "GRPO two rollouts per question", "RAPO first round only")
 """Settings that are not the paper's (`docs/training.md`), compared with RAPO and GRPO; not part of `PLAN`."""
 SETTINGS = {"warm-up": [], "no warm-up": ["warmup.sft_steps=0", "total_steps=20"]}
 """The two starting points; without the warm-up the run gets twice the steps."""

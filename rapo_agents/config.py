@@ -145,10 +145,11 @@ class RetrievalConfig:
     """Candidates retrieved per query; one is spliced."""
     select: Literal["auto", "most_similar", "max_reward"] = "auto"
     """Candidate rule: ``auto`` (follows ``algorithm.fidelity``), ``most_similar`` or ``max_reward``."""
-    retrieve_after: Literal["any_round", "tool_round"] = RetrievalSettings.retrieve_after
+    retrieve_after: Literal["any_round", "tool_round", "first_round"] = RetrievalSettings.retrieve_after
     """When a hybrid rollout may retrieve: ``any_round`` (the reference's: after every round the episode goes on
-    from, tool call or not, so a model that never calls a tool still sees expert steps) or ``tool_round``
-    (only after a round that ran a tool)."""
+    from, tool call or not, so a model that never calls a tool still sees expert steps), ``tool_round``
+    (only after a round that ran a tool) or ``first_round`` (not the paper's: only after the first round, one draw
+    per rollout, so that whether a rollout is spliced does not depend on how long it runs)."""
     random: bool = False
     """Splice step traces drawn uniformly at random from the buffer instead of the nearest ones (the paper's
     random-retrieval ablation; needs an in-process buffer: ``default`` or a buffer JSONL)."""

@@ -14,7 +14,11 @@ that ends the episode; otherwise
   policy's per-turn token limit cut off, which resumes on the next step. A model that never calls a tool
   (no warm-up) is still shown expert steps;
 - ``"tool_round"`` (spec §4's wording): only after a round that ran a tool (``info["tool"]`` is not None;
-  an env that does not say which tool ran counts every round as one).
+  an env that does not say which tool ran counts every round as one);
+- ``"first_round"`` (not the paper's): only after the first round the episode goes on from, so a hybrid rollout
+  draws once. Under the other rules a rollout stays unspliced only if every one of its rounds draws no splice, so
+  the unspliced rollouts lean to the short episodes; here whether a rollout is spliced depends on its first action
+  alone.
 
 What it spliced is reported in ``info["retrieval"]`` so that a rollout engine can mask those tokens out of the loss:
 
@@ -76,7 +80,7 @@ FALLBACK_TEXT = (
 
 SELECT_RULES = ("max_reward", "most_similar")
 HYBRID_RULES = ("paper", "reference")
-RETRIEVE_AFTER = ("any_round", "tool_round")
+RETRIEVE_AFTER = ("any_round", "tool_round", "first_round")
 
 
 def select_candidate(candidates: list[Candidate], rule: str) -> int:
@@ -137,9 +141,9 @@ class RetrievalSettings:
     hybrid_rule: Literal["paper", "reference"] = "paper"
     """``paper`` (index >= k is hybrid; a failed or empty retrieval splices nothing) or ``reference`` (index > k;
     a failed or empty retrieval splices the reference's error text)."""
-    retrieve_after: Literal["any_round", "tool_round"] = "any_round"
-    """``any_round`` (reference: every round the episode goes on from) or ``tool_round`` (only rounds that ran
-    a tool); see the module docstring."""
+    retrieve_after: Literal["any_round", "tool_round", "first_round"] = "any_round"
+    """``any_round`` (reference: every round the episode goes on from), ``tool_round`` (only rounds that ran
+    a tool) or ``first_round`` (only the first round the episode goes on from); see the module docstring."""
     max_context_chars: int | None = None
     """Skip a splice that would make the context longer than this (None: no limit)."""
     seed: int | None = None
@@ -216,11 +220,16 @@ class StepTraceRetrievalWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
         self._hybrid = True
         self._errors = 0
         self._retrievals = 0
+        self._rounds = 0
 
     def may_retrieve(self, terminated: bool, truncated: bool, info: dict[str, Any]) -> bool:
-        """Whether the step just taken is a retrieval round under ``retrieve_after`` (module docstring)."""
+        """Whether the step just taken is a retrieval round under ``retrieve_after`` (module docstring); call it
+        once per step, as `step` does (it counts the rounds)."""
         if terminated or truncated:
             return False
+        self._rounds += 1
+        if self.settings.retrieve_after == "first_round":
+            return self._rounds == 1
         # rapo envs say which tool ran (None: none ran); an env that does not say counts as a tool round.
         return self.settings.retrieve_after == "any_round" or info.get("tool", True) is not None
 
@@ -241,6 +250,7 @@ class StepTraceRetrievalWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
         self._last_splice = None
         self._errors = 0
         self._retrievals = 0
+        self._rounds = 0
         info = dict(info)
         info.update(hybrid=self._hybrid, retrieval_errors=0, retrievals=0)
         if not self.settings.vector_safe_info:
@@ -253,7 +263,7 @@ class StepTraceRetrievalWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
         info = dict(info)
         self._context += action
         retrieval, error = None, None
-        retrieves = self._hybrid and self.may_retrieve(terminated, truncated, info)
+        retrieves = self.may_retrieve(terminated, truncated, info) and self._hybrid
         if retrieves and self._rng.random() < self.settings.retrieve_prob:
             retrieval, error = self._retrieve(self._context + observation, observation)
         self._last_splice = None
@@ -277,6 +287,7 @@ class StepTraceRetrievalWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
         branched rollout retrieves as its own rollout index says, with draws of its own.
         """
         self._context, self._errors, self._retrievals = source._context, source._errors, source._retrievals
+        self._rounds = source._rounds
         self._last_splice = None
 
     def forget_splice(self) -> None:

@@ -99,14 +99,24 @@ def test_a_run_stopped_by_a_signal_stops_the_benchmark_and_stays_unfinished(lear
     assert not learning.run_folder(root, "math-multistep", "warm-up", 0, "GRPO").exists()
 
 
-def test_grpo_with_two_rollouts_per_question_differs_from_grpo_only_in_the_group_size(learning, tmp_path):
-    # The control for RAPO's fewer own rollouts per group: everything else must be GRPO's.
-    def flat(config) -> dict:
-        return {f"{section}.{key}": value for section, values in config.to_dict().items()
-                if isinstance(values, dict) for key, value in values.items()}
+def flat(config) -> dict:
+    return {f"{section}.{key}": value for section, values in config.to_dict().items()
+            if isinstance(values, dict) for key, value in values.items()}
 
-    grpo, two = (flat(learning.make_config("math-multistep", "warm-up", 1, [], tmp_path, method))
-                 for method in ("GRPO", "GRPO two rollouts per question"))
-    assert {key: (grpo[key], two[key]) for key in grpo if grpo[key] != two[key]} == {"rollout.rollout_n": (4, 2)}
+
+@pytest.mark.parametrize(("control", "method", "difference"), [
+    # RAPO's fewer own rollouts per group: everything else must be GRPO's.
+    ("GRPO", "GRPO two rollouts per question", {"rollout.rollout_n": (4, 2)}),
+    # The selection of RAPO's unspliced rollouts: everything else must be RAPO's.
+    ("RAPO", "RAPO first round only", {"retrieval.retrieve_after": ("any_round", "first_round")}),
+])
+def test_a_control_differs_from_its_method_only_in_what_it_controls(learning, tmp_path, control, method, difference):
+    base, changed = (flat(learning.make_config("math-multistep", "warm-up", 1, [], tmp_path, name))
+                     for name in (control, method))
+    assert {key: (base[key], changed[key]) for key in base if base[key] != changed[key]} == difference
+
+
+def test_which_methods_retrieve(learning):
     assert not learning.retrieves("GRPO two rollouts per question") and not learning.retrieves("GRPO")
+    assert learning.retrieves("RAPO first round only")
     assert learning.retrieves("RAPO own rollouts only")

@@ -141,6 +141,36 @@ def test_tool_round_rule_retrieves_only_after_a_tool_ran():
     assert all(info["retrieval"] is not None for info in play(with_tools, 3))
 
 
+def test_first_round_rule_retrieves_once_per_episode():
+    env = StepTraceRetrievalWrapper(CountingTextEnv(), good_retriever(), retrieve_prob=1.0,
+                                    retrieve_after="first_round", seed=0)
+    for _ in range(2):  # and again after a reset
+        env.reset()
+        spliced = [env.step(f"<python>{turn}</python>")[4]["retrieval"] is not None for turn in range(4)]
+        assert spliced == [True, False, False, False]
+
+
+def spliced_share(retrieve_after: str, rounds: int, episodes: int = 400) -> float:
+    """The share of episodes of ``rounds`` tool rounds (then an answer) that got at least one splice."""
+    env = StepTraceRetrievalWrapper(CountingTextEnv(), good_retriever(), retrieve_prob=0.5,
+                                    retrieve_after=retrieve_after, seed=0)
+    spliced = 0
+    for episode in range(episodes):
+        env.reset(seed=episode)
+        retrievals = [env.step(f"<python>{turn}</python>")[4]["retrievals"] for turn in range(rounds)]
+        env.step("<answer>5</answer>")
+        spliced += retrievals[-1] > 0
+    return spliced / episodes
+
+
+def test_under_the_first_round_rule_whether_a_rollout_is_spliced_does_not_depend_on_its_length():
+    """Under ``any_round`` a long episode is spliced far more often than a short one (1 - 0.5^rounds), so the
+    unspliced rollouts are mostly short ones; under ``first_round`` both are spliced at ``retrieve_prob``."""
+    assert spliced_share("any_round", 4) - spliced_share("any_round", 1) > 0.3
+    short, long = spliced_share("first_round", 1), spliced_share("first_round", 4)
+    assert abs(short - 0.5) < 0.08 and abs(long - 0.5) < 0.08
+
+
 @pytest.mark.parametrize(("retrieve_after", "spliced"), [("any_round", [True, True]), ("tool_round", [False, True])])
 def test_retrieval_rounds_in_the_math_env(retrieve_after, spliced):
     """RAPO-Math-v0 with its real python tool: a turn with no tool call (or one cut off mid-call by the turn's
