@@ -165,6 +165,8 @@ def summarize(task: str, setting: str, seed: int, method: str, folder: Path) -> 
         return nanmean(record.get(key) for record in history)
 
     mechanism_keys = [key for key in (history[0] if history else {}) if key.startswith("mechanism/")]
+    lines = (folder / "trajectories.jsonl").read_text(encoding="utf-8").splitlines() if retrieves(method) else []
+    trajectories = [json.loads(line) for line in lines]  # read once for the three mechanism tables below
     return {
         "task": task, "setting": setting, "seed": seed, "method": method, "folder": str(folder),
         "heldout": [{key: value for key, value in evaluation.items()
@@ -181,14 +183,14 @@ def summarize(task: str, setting: str, seed: int, method: str, folder: Path) -> 
         "sampler_kl_k3": mean_of("rollout_correction/kl_k3"),
         "truncated_fraction": mean_of("rollout_correction/truncated_fraction"),
         "mechanism": {**{key.removeprefix("mechanism/"): mean_of(key) for key in mechanism_keys},
-                      **(within_group_splice_effect(folder) if retrieves(method) else {}),
-                      **(unspliced_selection(folder) if retrieves(method) else {}),
-                      **(splice_relevance(folder) if task == "qa" and retrieves(method) else {})},
+                      **(within_group_splice_effect(trajectories) if retrieves(method) else {}),
+                      **(unspliced_selection(folder, trajectories) if retrieves(method) else {}),
+                      **(splice_relevance(folder, trajectories) if task == "qa" and retrieves(method) else {})},
         "seconds": done["seconds"], "load_average": done["load_average"],
     }
 
 
-def splice_relevance(folder: Path) -> dict:
+def splice_relevance(folder: Path, trajectories: list[dict]) -> dict:
     """QA only: how many splices came from the question's own expert chain (their ``<search>`` names an entity of
     its relation chain) rather than a neighbouring question's, and the reward of the rollouts holding each kind."""
     import re
@@ -200,8 +202,7 @@ def splice_relevance(folder: Path) -> dict:
     chains = {task.id: set(task.metadata["search_queries"]) for task in KnowledgeBase.generate(0, **knowledge_base)
               .split("train")}
     kinds: dict[str, list[float]] = {"on_chain": [], "off_chain": []}
-    for line in (folder / "trajectories.jsonl").read_text(encoding="utf-8").splitlines():
-        trajectory = json.loads(line)
+    for trajectory in trajectories:
         for step in trajectory["steps"]:
             found = re.search(r"<search>(.*?)</search>", (step.get("retrieval") or {}).get("text", ""))
             if found:
@@ -213,15 +214,14 @@ def splice_relevance(folder: Path) -> dict:
             "reward_after_off_chain_splice": nanmean(kinds["off_chain"])}
 
 
-def within_group_splice_effect(folder: Path) -> dict:
+def within_group_splice_effect(trajectories: list[dict]) -> dict:
     """Reward of spliced rollouts minus that of the unspliced rollouts of the same group (same question, same
     step), averaged over the groups that hold both: the comparison of the paper's Fig. 3 without the confound that
     splices happen more on longer, harder questions. Also the share of each kind that the response budget cut."""
     groups: dict[tuple[int, str], dict[bool, list[float]]] = {}
     cut: dict[bool, list[float]] = {True: [], False: []}  # rollouts cut by the response budget
     block, last = 0, None
-    for line in (folder / "trajectories.jsonl").read_text(encoding="utf-8").splitlines():
-        trajectory = json.loads(line)
+    for trajectory in trajectories:
         if trajectory["task_id"] != last and trajectory["rollout_index"] == 0:
             block += 1  # a new group starts with rollout 0
         last = trajectory["task_id"]
@@ -233,7 +233,7 @@ def within_group_splice_effect(folder: Path) -> dict:
             "length_cut_spliced": nanmean(cut[True]), "length_cut_unspliced": nanmean(cut[False])}
 
 
-def unspliced_selection(folder: Path) -> dict:
+def unspliced_selection(folder: Path, trajectories: list[dict]) -> dict:
     """Which of the policy's own rollouts a RAPO group keeps: accuracy and tool calls of the on-policy rollouts
     (the first ``no_retrieve_first_k``, a plain sample of the policy) against the hybrid rollouts that got no
     splice. A hybrid rollout escapes every splice only if each of its retrieval rounds draws none, so the longer
@@ -243,8 +243,7 @@ def unspliced_selection(folder: Path) -> dict:
 
     settings = retrieval_settings(load_config(str(folder / "config.yaml"), []))
     onpolicy, unspliced = [], []
-    for line in (folder / "trajectories.jsonl").read_text(encoding="utf-8").splitlines():
-        trajectory = json.loads(line)
+    for trajectory in trajectories:
         if not settings.is_hybrid(trajectory["rollout_index"]):
             onpolicy.append(trajectory)
         elif not any(step.get("retrieval") for step in trajectory["steps"]):
