@@ -153,7 +153,13 @@ def test_smollm2_int8_agrees_with_the_reference_within_tolerance(smollm2, smollm
     fast = FastPolicy(reference.model, reference.tokenizer, weight_format="int8")
     context = smollm2_chat("What is 2+3? Answer briefly.")
     greedy = SamplingParams(temperature=0.0, max_new_tokens=3, stop=())
-    assert fast.generate([context], greedy)[0].token_ids[:1] == reference.generate([context], greedy)[0].token_ids[:1]
+    # Greedy int8 may part from the reference only on a near-tie smaller than int8's log-prob error: here the
+    # reference's top two first tokens are 0.13 apart, and an AVX2-only AMD EPYC picks the second, a VNNI Xeon
+    # the first (#30: int8 results still depend on the CPU).
+    first = fast.generate([context], greedy)[0].token_ids[0]
+    with torch.no_grad():
+        reference_logprobs = torch.log_softmax(reference.model(torch.tensor([context])).logits[0, -1].float(), -1)
+    assert float(reference_logprobs.max() - reference_logprobs[first]) < INT8_MEAN_TOLERANCE
 
     generations = fast.generate([context] * 2, [SAMPLED.replace(seed=s, max_new_tokens=16) for s in range(2)])
     diffs = []
