@@ -165,8 +165,13 @@ def summarize(task: str, setting: str, seed: int, method: str, folder: Path) -> 
         return nanmean(record.get(key) for record in history)
 
     mechanism_keys = [key for key in (history[0] if history else {}) if key.startswith("mechanism/")]
-    lines = (folder / "trajectories.jsonl").read_text(encoding="utf-8").splitlines() if retrieves(method) else []
-    trajectories = [json.loads(line) for line in lines]  # read once for the three mechanism tables below
+    mechanism = {key.removeprefix("mechanism/"): mean_of(key) for key in mechanism_keys}
+    if retrieves(method):
+        lines = (folder / "trajectories.jsonl").read_text(encoding="utf-8").splitlines()
+        trajectories = [json.loads(line) for line in lines]  # read once for the three tables
+        mechanism |= within_group_splice_effect(trajectories) | unspliced_selection(folder, trajectories)
+        if task == "qa":
+            mechanism |= splice_relevance(folder, trajectories)
     return {
         "task": task, "setting": setting, "seed": seed, "method": method, "folder": str(folder),
         "heldout": [{key: value for key, value in evaluation.items()
@@ -182,10 +187,7 @@ def summarize(task: str, setting: str, seed: int, method: str, folder: Path) -> 
         "update_s_per_step": mean_of("time/update_s"),
         "sampler_kl_k3": mean_of("rollout_correction/kl_k3"),
         "truncated_fraction": mean_of("rollout_correction/truncated_fraction"),
-        "mechanism": {**{key.removeprefix("mechanism/"): mean_of(key) for key in mechanism_keys},
-                      **(within_group_splice_effect(trajectories) if retrieves(method) else {}),
-                      **(unspliced_selection(folder, trajectories) if retrieves(method) else {}),
-                      **(splice_relevance(folder, trajectories) if task == "qa" and retrieves(method) else {})},
+        "mechanism": mechanism,
         "seconds": done["seconds"], "load_average": done["load_average"],
     }
 

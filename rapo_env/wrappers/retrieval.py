@@ -223,11 +223,9 @@ class StepTraceRetrievalWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
         self._rounds = 0
 
     def may_retrieve(self, terminated: bool, truncated: bool, info: dict[str, Any]) -> bool:
-        """Whether the step just taken is a retrieval round under ``retrieve_after`` (module docstring); call it
-        once per step, as `step` does (it counts the rounds)."""
+        """Whether the step just taken is a retrieval round under ``retrieve_after`` (module docstring)."""
         if terminated or truncated:
             return False
-        self._rounds += 1
         if self.settings.retrieve_after == "first_round":
             return self._rounds == 1
         # rapo envs say which tool ran (None: none ran); an env that does not say counts as a tool round.
@@ -263,7 +261,9 @@ class StepTraceRetrievalWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
         info = dict(info)
         self._context += action
         retrieval, error = None, None
-        retrieves = self.may_retrieve(terminated, truncated, info) and self._hybrid
+        if not (terminated or truncated):
+            self._rounds += 1  # rounds the episode goes on from; ``first_round`` retrieves after the first only
+        retrieves = self._hybrid and self.may_retrieve(terminated, truncated, info)
         if retrieves and self._rng.random() < self.settings.retrieve_prob:
             retrieval, error = self._retrieve(self._context + observation, observation)
         self._last_splice = None
