@@ -281,6 +281,16 @@ class TrainConfig:
         for name in ("train_batch_size", "ppo_mini_batch_size", "micro_batch_size", "ppo_epochs"):
             if getattr(optim, name) < 1:
                 raise ConfigError(f"optim.{name} must be >= 1, got {getattr(optim, name)}")
+        # total_steps=0 is a run of the warm-up and the step-0 evaluation only (the learning benchmark's shared start).
+        if optim.total_steps < 0 or optim.total_epochs < 1:
+            raise ConfigError(f"optim needs total_steps >= 0 and total_epochs >= 1, got {optim.total_steps} and "
+                              f"{optim.total_epochs}")
+        if optim.lr < 0 or optim.grad_clip <= 0 or optim.weight_decay < 0:
+            raise ConfigError(f"optim needs lr >= 0, grad_clip > 0 and weight_decay >= 0, got {optim.lr}, "
+                              f"{optim.grad_clip} and {optim.weight_decay}")
+        if self.logging.save_every < 0 or self.logging.keep_last < 1:
+            raise ConfigError(f"logging needs save_every >= 0 and keep_last >= 1, got {self.logging.save_every} "
+                              f"and {self.logging.keep_last}")
         if optim.train_batch_size % optim.ppo_mini_batch_size:
             raise ConfigError(
                 f"optim.train_batch_size ({optim.train_batch_size}) must be a multiple of "

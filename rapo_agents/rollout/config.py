@@ -81,6 +81,9 @@ class RolloutConfig:
                      "tool_workers"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.temperature < 0 or not 0 < self.top_p <= 1 or self.top_k < 0 or self.top_logprobs < 0:
+            raise ValueError(f"sampling needs temperature >= 0, 0 < top_p <= 1, top_k >= 0 and top_logprobs >= 0, "
+                             f"got {self.temperature}, {self.top_p}, {self.top_k}, {self.top_logprobs}")
         if self.max_turn_tokens is not None and self.max_turn_tokens < 1:
             raise ValueError(f"max_turn_tokens must be >= 1 or None, got {self.max_turn_tokens}")
         if self.min_tokens_after_splice < 0:

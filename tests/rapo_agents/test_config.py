@@ -58,6 +58,14 @@ def test_round_trip_through_yaml(tmp_path):
         (["train_batch_size=6", "ppo_mini_batch_size=4"], "multiple"),
         (["retrieve_prob=1.5"], "retrieve_prob"),
         (["clip_ratio_c=0.5"], "clip_ratio_c"),
+        (["total_steps=-1"], "total_steps >= 0"),
+        (["optim.total_epochs=0"], "total_epochs >= 1"),
+        (["optim.lr=-1"], "lr >= 0"),
+        (["optim.grad_clip=0"], "grad_clip > 0"),
+        (["logging.keep_last=0"], "keep_last >= 1"),
+        (["logging.save_every=-1"], "save_every >= 0"),
+        (["rollout.temperature=-1"], "temperature >= 0"),
+        (["rollout.top_p=0"], "top_p"),
     ],
 )
 def test_bad_settings_raise_clear_errors(overrides, message):
