@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from rapo_agents.policies.base import SamplingParams
+
 ROLLOUT_BACKENDS = ("local", "ray")
 """Values of ``backend``: where rollouts run."""
 POLICY_BACKENDS = ("hf", "vllm")
@@ -81,9 +83,9 @@ class RolloutConfig:
                      "tool_workers"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.temperature < 0 or not 0 < self.top_p <= 1 or self.top_k < 0 or self.top_logprobs < 0:
-            raise ValueError(f"sampling needs temperature >= 0, 0 < top_p <= 1, top_k >= 0 and top_logprobs >= 0, "
-                             f"got {self.temperature}, {self.top_p}, {self.top_k}, {self.top_logprobs}")
+        # The sampling settings' own checks, here so that a bad value stops the run at load, not at the first turn.
+        SamplingParams(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
+                       top_logprobs=self.top_logprobs)
         if self.max_turn_tokens is not None and self.max_turn_tokens < 1:
             raise ValueError(f"max_turn_tokens must be >= 1 or None, got {self.max_turn_tokens}")
         if self.min_tokens_after_splice < 0:

@@ -64,7 +64,7 @@ def test_round_trip_through_yaml(tmp_path):
         (["optim.grad_clip=0"], "grad_clip > 0"),
         (["logging.keep_last=0"], "keep_last >= 1"),
         (["logging.save_every=-1"], "save_every >= 0"),
-        (["rollout.temperature=-1"], "temperature >= 0"),
+        (["rollout.temperature=-1"], "temperature must be >= 0"),
         (["rollout.top_p=0"], "top_p"),
     ],
 )
