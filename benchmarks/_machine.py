@@ -44,6 +44,9 @@ def cpu_facts() -> dict[str, Any]:
     facts["torch_cpu_capability"] = torch.backends.cpu.get_cpu_capability()
     facts["isa_env"] = {name: os.environ[name] for name in ISA_ENV if name in os.environ}
     facts["cores"] = os.cpu_count()
+    from rapo_agents.policies.unit_rows import native_available
+
+    facts["native_unit_rows"] = native_available()  # the int8 path's compiled loops (else its eager ops)
     return facts
 
 
@@ -51,4 +54,5 @@ def cpu_line(cpu: dict[str, Any]) -> str:
     """One line naming the CPU, its ISA flags and the knobs in effect (printed with every table)."""
     knobs = ", ".join(f"{k}={v}" for k, v in cpu["isa_env"].items()) or "no ISA env knobs"
     return (f"CPU: {cpu['model']} ({cpu['cores']} cores); ISA: {', '.join(cpu['isa']) or 'none listed'}; "
-            f"torch dispatch {cpu['torch_cpu_capability']}; {knobs}")
+            f"torch dispatch {cpu['torch_cpu_capability']}; {knobs}; int8 row map "
+            f"{'compiled' if cpu.get('native_unit_rows') else 'eager'}")

@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from rapo_agents.lora import merged_weights
+from rapo_agents.policies.unit_rows import from_unit_rows, to_unit_rows
 
 SUPPORTED_MODEL_TYPES = ("llama",)
 
@@ -119,9 +120,6 @@ class _Linear:
                 quantized = torch.quantize_per_channel(weight, scales.double(), zeros, 0, torch.qint8)
             self.weight = torch.ops.quantized.linear_prepack(quantized, None)
             self.weight_sums = quantized.dequantize().sum(dim=1)  # what the centring subtracted, added back
-            # Spans exactly [-1, 1]: with it in the input, the kernel's per-tensor range is that of one row.
-            self.unit_range = torch.zeros(1, weight.shape[1])
-            self.unit_range[0, :2] = torch.tensor([1.0, -1.0])
         else:
             self.weight = weight.to(torch.bfloat16 if weight_format == "bf16" else torch.float32).contiguous()
 
@@ -137,22 +135,17 @@ class _Linear:
 
         fbgemm's dynamic kernel quantizes its whole input with one range, so a row's result depended on the other
         rows of the batch (and a prompt's on how it was split into prefill chunks). Each row is mapped affinely onto
-        [-1, 1] first and a fixed [-1, 1] row joins the input, so the kernel's range is that of every row: each row
-        gets its own 255-level grid (finer than one shared grid, where an outlier token set it for all) whatever
-        else is in the batch, and the map is undone exactly after the (linear) matmul.
+        [-1, 1] first and a fixed [-1, 1] row joins the input (`to_unit_rows`), so the kernel's range is that of every
+        row: each row gets its own 255-level grid (finer than one shared grid, where an outlier token set it for all)
+        whatever else is in the batch, and the map is undone exactly after the (linear) matmul (`from_unit_rows`).
 
         ``reduce_range`` (7-bit activations): without VNNI (AVX2, plain AVX-512), fbgemm adds pairs of u8 x s8
         products in saturating int16 lanes; 255 * 127 * 2 overflows them, 127 * 128 * 2 cannot. With 8 bits an
         AVX2 CPU gave other greedy tokens than a VNNI one from the first token on (``FBGEMM_ENABLE_INSTRUCTIONS=AVX2``
         reproduces that path on a VNNI CPU); with 7 bits the int32 sums are exact and the outputs identical.
         """
-        low, high = torch.aminmax(rows, dim=-1, keepdim=True)
-        half = (high - low).mul_(0.5).clamp_min_(1e-12)
-        centre = low.add_(half)
-        # The clamp keeps a rounding overshoot (1 + 1 ulp) from widening the kernel's range for the whole batch.
-        unit = torch.cat([self.unit_range, (rows - centre).div_(half).clamp_(-1.0, 1.0)])
-        out = torch.ops.quantized.linear_dynamic(unit, self.weight, True)[1:]
-        return out.mul_(half).addcmul_(centre, self.weight_sums)
+        unit, scales = to_unit_rows(rows)  # one compiled loop each way where a C compiler is at hand
+        return from_unit_rows(torch.ops.quantized.linear_dynamic(unit, self.weight, True), scales, self.weight_sums)
 
 
 @dataclasses.dataclass
