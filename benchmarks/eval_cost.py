@@ -5,10 +5,11 @@ on procedural math, RAPO-Math-v0 with the python tool), its supervised warm-up r
 `HeldoutEvaluator` (greedy, the first ``--questions`` questions of the test split, the training engine and
 policy). Systems, interleaved over ``--rounds`` rounds (`_rounds.interleaved_rounds`):
 
-- ``cache off``: every turn re-prefills its whole context (``prefix_cache_bytes=0``, the old behaviour);
-- ``cache on``: the default `PrefixCache` (`rapo_agents.policies.fast.DEFAULT_PREFIX_CACHE_BYTES`);
-- ``cache on, batch 64``: the same with ``max_batch_size=64``, so that the engine's 64 concurrent episodes
-  decode as one batch instead of two of 32.
+- ``cache off, batch 32, 1 thread``: every turn re-prefills its whole context (``prefix_cache_bytes=0``), in
+  batches of the policy's own 32 rows on the rollouts' one thread (the evaluation before issue #30);
+- ``cache on, batch 32, 1 thread``: the default `PrefixCache` (`rapo_agents.policies.fast.DEFAULT_PREFIX_CACHE_BYTES`);
+- ``shipped``: the same with the evaluation's own decoding settings (`HeldoutConfig`: ``max_batch_size`` 64, so that
+  the engine's 64 concurrent episodes decode as one batch, and ``threads`` None, the process's own, every core).
 
 Reported per system: eval wall time, prompt tokens prefilled and reused per episode, the time inside
 ``generate`` and in env steps, generated tokens per episode and the accuracy (which must not move: fp32
@@ -22,6 +23,7 @@ to see caching leave every verdict as it was).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import tempfile
 
@@ -33,15 +35,18 @@ from _machine import cpu_facts
 from _report import report
 from _rounds import interleaved_rounds, show, spread
 from rapo_agents.config import load_config
+from rapo_agents.heldout import HeldoutConfig
 from rapo_agents.policies.fast import DEFAULT_PREFIX_CACHE_BYTES, FastPolicy
 from rapo_agents.policies.prefix_cache import PrefixCache
 from rapo_agents.rollout.engine import make_env_factory
 from rapo_agents.trainer import RAPOTrainer, training_env_kwargs
 from rapo_agents.warmup import warm_up
 
-SYSTEMS = {"cache off": (0, 32), "cache on": (DEFAULT_PREFIX_CACHE_BYTES, 32),
-           "cache on, batch 64": (DEFAULT_PREFIX_CACHE_BYTES, 64)}
-"""name -> (prefix cache bytes, max_batch_size)."""
+SHIPPED = HeldoutConfig()
+SYSTEMS = {"cache off, batch 32, 1 thread": (0, 32, 1),
+           "cache on, batch 32, 1 thread": (DEFAULT_PREFIX_CACHE_BYTES, 32, 1),
+           "shipped": (DEFAULT_PREFIX_CACHE_BYTES, SHIPPED.max_batch_size, SHIPPED.threads)}
+"""name -> (prefix cache bytes, evaluation max_batch_size, evaluation threads)."""
 
 
 def warmed_up_trainer(questions: int, output_dir: str, weight_format: str | None) -> RAPOTrainer:
@@ -60,10 +65,12 @@ def warmed_up_trainer(questions: int, output_dir: str, weight_format: str | None
     return trainer
 
 
-def evaluate(trainer: RAPOTrainer, cache_bytes: int, batch_size: int) -> dict:
-    """One held-out evaluation with a fresh prefix store of ``cache_bytes``; its cost per episode."""
+def evaluate(trainer: RAPOTrainer, cache_bytes: int, batch_size: int, threads: int | None) -> dict:
+    """One held-out evaluation with a fresh prefix store of ``cache_bytes``, decoding ``batch_size`` rows at once on
+    ``threads``; its cost per episode."""
     policy, evaluator = trainer.policy, trainer.heldout
-    policy.prefix_cache, policy.max_batch_size = PrefixCache(cache_bytes), batch_size
+    policy.prefix_cache = PrefixCache(cache_bytes)
+    evaluator.config = dataclasses.replace(evaluator.config, max_batch_size=batch_size, threads=threads)
     before = policy.prefill_stats.as_dict()
     result = evaluator.evaluate(0, show_progress=False)
     stats, after = evaluator.engine.stats, policy.prefill_stats.as_dict()
@@ -94,10 +101,11 @@ def main() -> None:
         trainer = warmed_up_trainer(questions, output_dir, args.weight_format)
         print(f"policy {trainer.policy.name}, {questions} held-out questions, {rounds} rounds")
         results, loads = interleaved_rounds(
-            {name: lambda b=bytes_, s=size: evaluate(trainer, b, s) for name, (bytes_, size) in SYSTEMS.items()},
+            {name: lambda b=bytes_, s=size, t=threads: evaluate(trainer, b, s, t)
+             for name, (bytes_, size, threads) in SYSTEMS.items()},
             rounds)
         trainer.heldout.close()
-    reference = results["cache off"][0]["correct"]
+    reference = results[next(iter(SYSTEMS))][0]["correct"]
     rows = []
     for name, runs in results.items():
         figures = {key: spread([run[key] for run in runs]) for key in runs[0] if key != "correct"}

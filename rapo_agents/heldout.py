@@ -21,9 +21,10 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -53,6 +54,14 @@ class HeldoutConfig:
     """Also evaluate every this many RL steps (0: only before RL and at the end)."""
     max_eval_tokens: int | None = None
     """Token budget of an evaluation episode (None: the training rollouts' ``max_response_tokens``)."""
+    max_batch_size: int = 64
+    """Most episodes in flight and decoded together while evaluating: the policy's own limit (32 for the CPU
+    policies) is raised to this for the evaluation. Larger decode batches cost less per token; each row holds its
+    KV cache (46 KB a token for SmolLM2-135M), so 64 QA episodes take about 3 GB."""
+    threads: int | None = None
+    """torch threads of the policy while it decodes an evaluation (None: the process's own, by default one per
+    core). Rollouts decode on one thread because tools and encoders run beside them; nothing of training runs
+    beside an evaluation."""
     heldout_env_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
     """``gym.make`` keyword arguments of the held-out env on top of the training env's (e.g. a ``dataset`` file
     for a data source that has no ``split``)."""
@@ -64,8 +73,11 @@ class HeldoutConfig:
     def __post_init__(self) -> None:
         if self.split == "train":
             raise ValueError("evaluation.split must be held out: use validation or test, not train")
-        if self.heldout_tasks < 1 or self.eval_every < 0 or self.bootstrap_resamples < 1:
-            raise ValueError("evaluation needs heldout_tasks >= 1, eval_every >= 0 and bootstrap_resamples >= 1")
+        if self.heldout_tasks < 1 or self.eval_every < 0 or self.bootstrap_resamples < 1 or self.max_batch_size < 1:
+            raise ValueError("evaluation needs heldout_tasks >= 1, eval_every >= 0, bootstrap_resamples >= 1 and "
+                             "max_batch_size >= 1")
+        if self.threads is not None and self.threads < 1:
+            raise ValueError(f"evaluation.threads must be >= 1 or None (the process's own), got {self.threads}")
         if not 0.0 < self.confidence < 1.0:
             raise ValueError(f"evaluation.confidence must be in (0, 1), got {self.confidence}")
 
@@ -175,6 +187,30 @@ def heldout_env_kwargs(env_kwargs: dict[str, Any], config: HeldoutConfig) -> dic
     return kwargs
 
 
+@contextlib.contextmanager
+def decoding_settings(policy: Any, **settings: Any) -> Iterator[None]:
+    """Set the decoding attributes in ``settings`` that ``policy`` has (``max_batch_size``, ``threads``) for the
+    block, and restore them after it; a policy without one (a vLLM or HTTP policy) keeps its own way.
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> policy = SimpleNamespace(max_batch_size=32)
+        >>> with decoding_settings(policy, max_batch_size=64, threads=2):
+        ...     (policy.max_batch_size, hasattr(policy, "threads"))
+        (64, False)
+        >>> policy.max_batch_size
+        32
+    """
+    saved = {name: getattr(policy, name) for name in settings if hasattr(policy, name)}
+    for name in saved:
+        setattr(policy, name, settings[name])
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(policy, name, value)
+
+
 class HeldoutEvaluator:
     """Greedy rollouts of the held-out questions with the training policy.
 
@@ -197,8 +233,10 @@ class HeldoutEvaluator:
         greedy = dataclasses.replace(
             rollout, rollout_n=1, temperature=0.0, top_p=1.0, top_k=0, top_logprobs=0, show_progress=False,
             max_response_tokens=config.max_eval_tokens or rollout.max_response_tokens,
+            max_concurrent_episodes=max(config.max_batch_size, rollout.max_concurrent_episodes),
         )
         self.engine = RolloutEngine(env, policy, greedy, kwargs)
+        self.policy = policy
         self.num_tasks = min(config.heldout_tasks, len(self.engine.tasks))
 
     @property
@@ -213,8 +251,9 @@ class HeldoutEvaluator:
         started = time.perf_counter()
         bar = tqdm(total=self.num_tasks, desc=f"held-out eval (step {step})", unit="question",
                    disable=not show_progress, leave=False)
-        trajectories = self.engine.run(list(range(self.num_tasks)), seed=self.seed,
-                                       on_trajectory=lambda _: bar.update(1))
+        with decoding_settings(self.policy, max_batch_size=self.config.max_batch_size, threads=self.config.threads):
+            trajectories = self.engine.run(list(range(self.num_tasks)), seed=self.seed,
+                                           on_trajectory=lambda _: bar.update(1))
         bar.close()
         correct = question_accuracy(trajectories)
         metrics = heldout_metrics(trajectories, correct, self.config, self.seed)
