@@ -70,7 +70,7 @@ METHODS = {
                                "algorithm.advantage_weight=0"],
     "GRPO two rollouts per question": ["retrieval.enabled=false", "rollout_n=2"],
     "RAPO first round only": ["retrieval.retrieve_after=first_round"],
-    "RAPO half on-policy": ["retrieval.no_retrieve_first_k=2"],
+    "RAPO three of four hybrid": ["retrieval.no_retrieve_first_k=1"],
 }
 """Each method's overrides on top of its task's config (``RAPO TIS``: RAPO with truncated importance sampling
 against the int8 sampler; ``RAPO on-policy baseline``: ``A_acc``'s group mean from the unspliced rollouts only;
@@ -78,11 +78,11 @@ against the int8 sampler; ``RAPO on-policy baseline``: ``A_acc``'s group mean fr
 rollouts only``: neither, and no ``A_ret`` (GRPO on the unspliced rollouts, retrieval still on); ``GRPO two rollouts
 per question``: GRPO on as many of its own rollouts per question as RAPO trains on multi-step math, about 2 of 4;
 ``RAPO first round only``: one retrieval draw per hybrid rollout, after its first round, so that its unspliced
-rollouts are not selected for being short; ``RAPO half on-policy``: 2 of each group's 4 rollouts on-policy and 2
-hybrid, the paper's share (8 of 16) instead of the CPU job's 1 of 4; all `VARIANTS`)."""
+rollouts are not selected for being short; ``RAPO three of four hybrid``: 1 of each group's 4 rollouts on-policy
+and 3 hybrid, the CPU default until 2026-12, instead of the paper's half (8 of 16); all `VARIANTS`)."""
 ABLATIONS = ("RAPO random retrieval", "RAPO no retrieval reward", "RAPO no shaping")
 VARIANTS = ("RAPO TIS", "RAPO on-policy baseline", "RAPO spliced out of the loss", "RAPO own rollouts only",
-            "GRPO two rollouts per question", "RAPO first round only", "RAPO half on-policy")
+            "GRPO two rollouts per question", "RAPO first round only", "RAPO three of four hybrid")
 """Settings that are not the paper's (`docs/training.md`), compared with RAPO and GRPO; not part of `PLAN`."""
 SETTINGS = {"warm-up": [], "no warm-up": ["warmup.sft_steps=0", "total_steps=20"]}
 """The two starting points; without the warm-up the run gets twice the steps."""

@@ -138,9 +138,11 @@ class RetrievalConfig:
     retrieve_prob: float = RetrievalSettings.retrieve_prob
     """Probability of a retrieval after each retrieval round (``retrieve_after``) of a hybrid rollout (the
     wrapper's default, `RetrievalSettings`, as ``topk`` and ``retrieve_after`` are)."""
-    no_retrieve_first_k: int = 1
-    """The first k rollouts of each group stay on-policy (the paper and the wrapper's default: 8 of 16; the CPU
-    job's groups are 4 rollouts, and 1 on-policy leaves 3 hybrid)."""
+    no_retrieve_first_k: int = 2
+    """The first k rollouts of each group stay on-policy: half of the group, the paper's share (8 of 16, the
+    wrapper's default); the CPU job's groups are 4 rollouts, so 2 on-policy and 2 hybrid. With 1 of 4 (3 hybrid,
+    this default until 2026-12) the spliced rollouts set the group's mean and RAPO trailed GRPO on multi-step math
+    (`docs/training.md`, "the paper's share of hybrid rollouts")."""
     topk: int = RetrievalSettings.topk
     """Candidates retrieved per query; one is spliced."""
     select: Literal["auto", "most_similar", "max_reward"] = "auto"

@@ -109,8 +109,8 @@ def flat(config) -> dict:
     ("GRPO", "GRPO two rollouts per question", {"rollout.rollout_n": (4, 2)}),
     # The selection of RAPO's unspliced rollouts: everything else must be RAPO's.
     ("RAPO", "RAPO first round only", {"retrieval.retrieve_after": ("any_round", "first_round")}),
-    # The share of hybrid rollouts: the paper's half of each group instead of three of four.
-    ("RAPO", "RAPO half on-policy", {"retrieval.no_retrieve_first_k": (1, 2)}),
+    # The share of hybrid rollouts: three of four (the old CPU default) instead of the paper's half.
+    ("RAPO", "RAPO three of four hybrid", {"retrieval.no_retrieve_first_k": (2, 1)}),
 ])
 def test_a_control_differs_from_its_method_only_in_what_it_controls(learning, tmp_path, control, method, difference):
     base, changed = (flat(learning.make_config("math-multistep", "warm-up", 1, [], tmp_path, name))
