@@ -236,7 +236,6 @@ class HeldoutEvaluator:
             max_concurrent_episodes=max(config.max_batch_size, rollout.max_concurrent_episodes),
         )
         self.engine = RolloutEngine(env, policy, greedy, kwargs)
-        self.policy = policy
         self.num_tasks = min(config.heldout_tasks, len(self.engine.tasks))
 
     @property
@@ -251,7 +250,8 @@ class HeldoutEvaluator:
         started = time.perf_counter()
         bar = tqdm(total=self.num_tasks, desc=f"held-out eval (step {step})", unit="question",
                    disable=not show_progress, leave=False)
-        with decoding_settings(self.policy, max_batch_size=self.config.max_batch_size, threads=self.config.threads):
+        config = self.config
+        with decoding_settings(self.engine.policy, max_batch_size=config.max_batch_size, threads=config.threads):
             trajectories = self.engine.run(list(range(self.num_tasks)), seed=self.seed,
                                            on_trajectory=lambda _: bar.update(1))
         bar.close()
