@@ -62,6 +62,9 @@ def default_policy_path() -> str:
         staging = target.parent / f".{target.name}.partial"
         shutil.rmtree(staging, ignore_errors=True)
         tokenizer = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=gguf_file)
+        # transformers ignores this clean-up for BPE tokenizers (with a warning at every run); saying so keeps the
+        # decoded text the same and the output quiet.
+        tokenizer.clean_up_tokenization_spaces = False
         model = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=gguf_file, dtype=torch.float32)
         # The weights are already dequantized to float32; drop the GGUF marker so that they save as is.
         model.hf_quantizer = None

@@ -29,3 +29,9 @@ def test_smollm2_generates_with_exact_logprobs_padding_and_stop(smollm2, smollm2
             cut = policy.generate([context], greedy.replace(stop=(stop,), max_new_tokens=3))[0]
             assert cut.finish_reason == "stop" and cut.text.endswith(stop)
             assert cut.token_ids == alone.token_ids[: cut.num_tokens]
+
+
+def test_the_embedded_tokenizer_decodes_without_the_bpe_clean_up_warning(smollm2):
+    # transformers skips the clean-up for BPE tokenizers anyway, and warns at every run if it is asked for.
+    assert smollm2.tokenizer.clean_up_tokenization_spaces is False
+    assert smollm2.tokenizer.decode(smollm2.tokenizer.encode("x , y .")) == "x , y ."
