@@ -168,10 +168,11 @@ def summarize(task: str, setting: str, seed: int, method: str, folder: Path) -> 
 
     mechanism_keys = [key for key in (history[0] if history else {}) if key.startswith("mechanism/")]
     mechanism = {key.removeprefix("mechanism/"): mean_of(key) for key in mechanism_keys}
+    lines = (folder / "trajectories.jsonl").read_text(encoding="utf-8").splitlines()
+    trajectories = [json.loads(line) for line in lines]  # read once for every table
+    mechanism |= within_group_splice_effect(trajectories)
     if retrieves(method):
-        lines = (folder / "trajectories.jsonl").read_text(encoding="utf-8").splitlines()
-        trajectories = [json.loads(line) for line in lines]  # read once for the three tables
-        mechanism |= within_group_splice_effect(trajectories) | unspliced_selection(folder, trajectories)
+        mechanism |= unspliced_selection(folder, trajectories)
         if task == "qa":
             mechanism |= splice_relevance(folder, trajectories)
     return {
@@ -221,7 +222,9 @@ def splice_relevance(folder: Path, trajectories: list[dict]) -> dict:
 def within_group_splice_effect(trajectories: list[dict]) -> dict:
     """Reward of spliced rollouts minus that of the unspliced rollouts of the same group (same question, same
     step), averaged over the groups that hold both: the comparison of the paper's Fig. 3 without the confound that
-    splices happen more on longer, harder questions. Also the share of each kind that the response budget cut."""
+    splices happen more on longer, harder questions. Also the share of each kind that the response budget cut, and
+    which groups carry a gradient: the share whose rewards differ (a group that scores alike has advantage 0), and
+    the share where only a splice made them differ (the policy's own rollouts all scored alike)."""
     groups: dict[tuple[int, str], dict[bool, list[float]]] = {}
     cut: dict[bool, list[float]] = {True: [], False: []}  # rollouts cut by the response budget
     block, last = 0, None
@@ -233,8 +236,11 @@ def within_group_splice_effect(trajectories: list[dict]) -> dict:
         groups.setdefault((block, last), {True: [], False: []})[spliced].append(float(trajectory["reward"]))
         cut[spliced].append(float(trajectory["end_reason"] == "length"))
     deltas = [statistics.fmean(g[True]) - statistics.fmean(g[False]) for g in groups.values() if g[True] and g[False]]
+    spread = [len(set(g[True] + g[False])) > 1 for g in groups.values()]
+    spread_by_splice = [len(set(g[False])) <= 1 < len(set(g[True] + g[False])) for g in groups.values()]
     return {"within_group_spliced_minus_unspliced_reward": nanmean(deltas), "groups_with_both": float(len(deltas)),
-            "length_cut_spliced": nanmean(cut[True]), "length_cut_unspliced": nanmean(cut[False])}
+            "length_cut_spliced": nanmean(cut[True]), "length_cut_unspliced": nanmean(cut[False]),
+            "groups_with_reward_spread": nanmean(spread), "groups_spread_only_by_a_splice": nanmean(spread_by_splice)}
 
 
 def unspliced_selection(folder: Path, trajectories: list[dict]) -> dict:

@@ -76,6 +76,21 @@ def test_every_method_of_a_seed_resumes_from_one_shared_warm_up(learning, tiny_m
     assert comparison["seeds"] == 1 and comparison["pairs"] == 3
 
 
+def test_the_groups_that_carry_a_gradient_are_counted_with_those_only_a_splice_gave_one(learning):
+    def rollout(task: str, index: int, reward: float, spliced: bool = False) -> dict:
+        steps = [{"retrieval": {"text": "<search>x</search>"} if spliced else None}]
+        return {"task_id": task, "rollout_index": index, "reward": reward, "steps": steps, "end_reason": "answer"}
+
+    trajectories = [rollout("a", 0, 0.0), rollout("a", 1, 0.0), rollout("a", 2, 1.0, spliced=True),  # by a splice
+                    rollout("b", 0, 0.0), rollout("b", 1, 1.0), rollout("b", 2, 1.0, spliced=True),  # its own
+                    rollout("c", 0, 1.0), rollout("c", 1, 1.0), rollout("c", 2, 1.0, spliced=True),  # none
+                    rollout("a", 0, 0.0), rollout("a", 1, 0.0)]  # the same question at the next step: none
+    effect = learning.within_group_splice_effect(trajectories)
+    assert effect["groups_with_reward_spread"] == pytest.approx(2 / 4)
+    assert effect["groups_spread_only_by_a_splice"] == pytest.approx(1 / 4)
+    assert effect["within_group_spliced_minus_unspliced_reward"] == pytest.approx((1.0 + 0.5 + 0.0) / 3)
+
+
 def test_a_run_stopped_by_a_signal_stops_the_benchmark_and_stays_unfinished(learning, tmp_path, monkeypatch):
     # The trainer's own signal handling (tests/rapo_agents/test_trainer.py) reports a stopped run as
     # interrupted; the benchmark must not mark it finished, nor go on to the next run (it did both).
