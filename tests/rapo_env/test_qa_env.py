@@ -18,6 +18,7 @@ from rapo_env.rewards.qa import QAReward
 from rapo_env.rewards.text import normalize_answer
 from rapo_env.tasks.base import Task
 from rapo_env.tasks.hotpotqa import load_hotpotqa
+from rapo_env.tasks import knowledge_base as knowledge_base_module
 from rapo_env.tasks.knowledge_base import KnowledgeBase, KnowledgeBaseConfig, KnowledgeBaseError
 from rapo_tools.search.cache import cached_corpus_index
 from rapo_tools.search.embedding import Embedder
@@ -80,8 +81,12 @@ def test_knowledge_base_is_deterministic_and_its_evidence_is_in_the_passages():
 def test_cached_base_is_built_once_and_reloaded(tmp_path, embedder):
     kb, index_path = KnowledgeBase.cached(seed=5, cache_dir=tmp_path, embedder=embedder, **SMALL_KB)
     stamp = index_path.stat().st_mtime_ns
-    reloaded, same_index = KnowledgeBase.cached(seed=5, cache_dir=tmp_path, embedder=embedder, **SMALL_KB)
+    shared, same_index = KnowledgeBase.cached(seed=5, cache_dir=tmp_path, embedder=embedder, **SMALL_KB)
+    assert shared is kb, "a process reads a base once; every env of a batch shares it"
     assert same_index == index_path and index_path.stat().st_mtime_ns == stamp
+    knowledge_base_module._LOADED.clear()  # as a new process would: read back from the cache folder
+    reloaded, _ = KnowledgeBase.cached(seed=5, cache_dir=tmp_path, embedder=embedder, **SMALL_KB)
+    assert reloaded is not kb and index_path.stat().st_mtime_ns == stamp
     assert reloaded.questions[0] == kb.questions[0] and reloaded.passages == kb.passages
     assert (
         WikiSearch.load(index_path, embedder=embedder).search([kb.passages[0].title], 1)[0][0].passage == kb.passages[0]

@@ -50,7 +50,7 @@ def test_the_undo_after_a_linear_map_gives_the_matmul_of_the_original_rows(nativ
 
 @needs_native
 @pytest.mark.parametrize(("m", "k", "n"), [(1, 576, 960), (8, 576, 3072), (37, 1536, 576), (3, 576, 49152),
-                                           (2, 1, 3), (3, 2, 5)])
+                                           (2, 1, 3), (3, 2, 5), (5, 19, 23)])
 def test_the_compiled_loops_agree_with_the_eager_ops_bit_for_bit(m, k, n):
     for seed in range(4):
         rows = hostile_rows(m, k, seed)
