@@ -40,6 +40,11 @@ from rapo_agents.policies.base import Generation, SamplingParams, check_contexts
 from rapo_agents.policies.decoding import Row, ThroughputMeter, max_stop_chars, step_rows
 
 
+CONVERSION_VERSION = 2
+"""Version of what `default_policy_path` writes, part of its folder's name so that a cache written by an older
+conversion is not reused. 2: the tokenizer is saved with ``clean_up_tokenization_spaces=False``."""
+
+
 def default_policy_path() -> str:
     """Folder of the embedded SmolLM2-135M-Instruct as safetensors, dequantizing the GGUF on first use.
 
@@ -51,7 +56,7 @@ def default_policy_path() -> str:
     from rapo_tools.models import default_policy_gguf
 
     gguf_dir, gguf_file = default_policy_gguf()
-    target = rapo_cache_dir("models", Path(gguf_file).stem)
+    target = rapo_cache_dir("models", f"{Path(gguf_file).stem}-v{CONVERSION_VERSION}")
     if (target / "config.json").is_file():
         return str(target)
     target.parent.mkdir(parents=True, exist_ok=True)
