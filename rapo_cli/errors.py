@@ -3,6 +3,8 @@
 - `UsageError` (raised by `rapo_cli.checks`) names the setting and the fix;
 - rapo's own error types that only bad input causes (a missing task file, corpus or index, a bad config, a
   missing embedded-model package) and missing files are reported the same way, whichever layer raised them;
+- a full disk is said to be one, with what to free (a checkpoint that could not be written leaves the last
+  complete one in place);
 - anything else is a bug in rapo: one line that says so, exit code 1, and the traceback with ``--debug``
   or ``RAPO_DEBUG=1``.
 
@@ -13,6 +15,7 @@ Example:
 
 from __future__ import annotations
 
+import errno
 import os
 
 DEBUG_ENV_VAR = "RAPO_DEBUG"
@@ -70,8 +73,20 @@ def _one_line(error: BaseException) -> str:
     return text
 
 
+def is_disk_full(error: BaseException) -> bool:
+    """Whether ``error`` says the disk is full: the OS error itself, or a library's error that wraps its text
+    (safetensors raises its own ``SafetensorError`` with "No space left on device" in the message)."""
+    if isinstance(error, OSError) and error.errno == errno.ENOSPC:
+        return True
+    return os.strerror(errno.ENOSPC) in str(error)
+
+
 def describe(error: BaseException, command: str) -> tuple[int, str]:
     """The exit code and the one line that report ``error`` raised by ``rapo COMMAND``."""
+    if is_disk_full(error):
+        return EXIT_USAGE, (f"rapo {command}: error: the disk is full ({_one_line(error)}): free space (old run "
+                            "folders under runs/; `make clean` empties ~/.cache/rapo) or set logging.output_dir to "
+                            "another disk, then rerun; rapo train resumes from the last complete checkpoint")
     if is_user_error(error):
         return EXIT_USAGE, f"rapo {command}: error: {_one_line(error)}"
     return EXIT_BUG, (f"rapo {command}: internal error (a bug in rapo, please report it): "

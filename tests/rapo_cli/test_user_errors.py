@@ -78,3 +78,18 @@ def test_a_bug_is_reported_as_one_line_that_says_so():
 
     code, line = describe(KeyError("x"), "train")
     assert code == 1 and "internal error" in line and "--debug" in line and "\n" not in line
+
+
+def test_a_full_disk_is_one_line_that_says_what_to_free_not_a_bug():
+    import errno
+
+    from rapo_cli.errors import describe
+
+    class SafetensorError(Exception):  # safetensors wraps the OS error in its own type, keeping only the text
+        pass
+
+    for error in (OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), "runs/x/checkpoints/model.safetensors"),
+                  SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")):
+        code, line = describe(error, "train")
+        assert code == 2 and "the disk is full" in line and "logging.output_dir" in line and "\n" not in line
+    assert describe(OSError(errno.EIO, "Input/output error"), "train")[0] == 1
