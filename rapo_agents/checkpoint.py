@@ -129,18 +129,11 @@ class CheckpointManager:
         temporary = self.directory / f".tmp_step_{step:06d}_{os.getpid()}"
         shutil.rmtree(temporary, ignore_errors=True)
         temporary.mkdir()
-        if hasattr(model, "save_pretrained"):
-            model.save_pretrained(temporary, safe_serialization=True)
-        elif model is not None:  # a plain torch module: its weights alone
-            from safetensors.torch import save_model
-
-            save_model(model, str(temporary / WEIGHTS_FILE))
-        if hasattr(tokenizer, "save_pretrained"):
-            tokenizer.save_pretrained(temporary)
-        torch.save(state, temporary / STATE_FILE)
-        readable = state.get("trainer", {})
-        (temporary / SUMMARY_FILE).write_text(json.dumps(readable, indent=2, default=str), encoding="utf-8")
-        _fsync_tree(temporary)
+        try:
+            self._write(temporary, state, model, tokenizer)
+        except BaseException:  # a full disk, an interrupt: give back the space the half-written copy holds
+            shutil.rmtree(temporary, ignore_errors=True)
+            raise
         # Replacing a checkpoint of the same step: the old one is moved aside, not deleted, until the new one is
         # in place, so some complete checkpoint is on disk at every moment.
         retired = self.directory / f".old_step_{step:06d}_{os.getpid()}"
@@ -151,6 +144,22 @@ class CheckpointManager:
         shutil.rmtree(retired, ignore_errors=True)
         self._prune(step)
         return final
+
+    @staticmethod
+    def _write(folder: Path, state: dict[str, Any], model: Any, tokenizer: Any) -> None:
+        """The checkpoint's files in ``folder``, flushed to disk."""
+        if hasattr(model, "save_pretrained"):
+            model.save_pretrained(folder, safe_serialization=True)
+        elif model is not None:  # a plain torch module: its weights alone
+            from safetensors.torch import save_model
+
+            save_model(model, str(folder / WEIGHTS_FILE))
+        if hasattr(tokenizer, "save_pretrained"):
+            tokenizer.save_pretrained(folder)
+        torch.save(state, folder / STATE_FILE)
+        readable = state.get("trainer", {})
+        (folder / SUMMARY_FILE).write_text(json.dumps(readable, indent=2, default=str), encoding="utf-8")
+        _fsync_tree(folder)
 
     def _prune(self, step: int) -> None:
         """Delete all but the newest ``keep_last`` checkpoints up to ``step`` (the one just saved always stays).

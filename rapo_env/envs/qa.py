@@ -35,7 +35,7 @@ from typing import Any, SupportsFloat
 
 from rapo_env.core import ToolEnv
 from rapo_env.envs.reward_spec import RewardSpec, resolve_reward
-from rapo_env.envs.shared import shared_wiki_search
+from rapo_env.envs.shared import shared_knowledge_base, shared_wiki_search
 from rapo_env.prompts import SHORT_QA_PROMPT, TOOL_DESCRIPTIONS, build_system_prompt
 from rapo_env.rewards.qa import QA_REWARD_KINDS
 from rapo_env.tasks import Task, TaskList, resolve_tasks
@@ -101,7 +101,7 @@ def resolve_qa_source(source: QASource) -> tuple[Sequence[Task], WikiSearch | st
         kb_config = source.knowledge_base
         if isinstance(kb_config, dict):
             kb_config = KnowledgeBaseConfig(**kb_config)
-        knowledge_base, own_index = KnowledgeBase.cached(source.seed, cache_root, embedder, kb_config)
+        knowledge_base, own_index = shared_knowledge_base(source.seed, cache_root, kb_config, embedder)
         tasks: Sequence[Task] = knowledge_base.split(source.split)
     elif isinstance(dataset, (str, Path)) and is_hotpotqa_file(dataset):
         tasks = load_hotpotqa(dataset, limit=limit)

@@ -45,10 +45,6 @@ GENERATOR_VERSION = 1
 SPLITS = {"train": (0.0, 0.8), "validation": (0.8, 0.9), "test": (0.9, 1.0)}
 """Question splits as ranges of a stable hash of the question id (the passages are shared)."""
 KINDS = ("country", "town", "organization", "person", "work")
-_LOADED: dict[Path, KnowledgeBase] = {}
-"""Bases `KnowledgeBase.cached` has read in this process, by cache folder: every env of a batch (64 in a held-out
-evaluation) shares one instead of reading 3,000 passages and 4,000 questions again. A base is never changed after
-it is built, and its folder's name fixes its contents (generator version, seed and sizes)."""
 
 _ONSETS = ("b", "br", "c", "d", "dr", "f", "g", "gr", "h", "k", "l", "m", "n", "p", "r", "s", "st", "t", "th", "v", "z")
 _VOWELS = ("a", "e", "i", "o", "u", "ae", "ai", "ia", "ou", "y")
@@ -558,17 +554,8 @@ class KnowledgeBase:
         key = hashlib.sha256(fingerprint.encode()).hexdigest()[:12]
         root = Path(cache_dir) if cache_dir is not None else rapo_cache_dir()
         directory = root / "knowledge_base" / f"seed{seed}-{key}"
-        base = _LOADED.get(directory)
-        if base is None:
-            base = _LOADED[directory] = cls._load_or_generate(directory, seed, config)
-        index_path = cached_corpus_index(directory / "passages.jsonl", embedder=embedder, cache_dir=root)
-        return base, index_path
-
-    @classmethod
-    def _load_or_generate(cls, directory: Path, seed: int, config: KnowledgeBaseConfig) -> KnowledgeBase:
-        """The base saved in ``directory``, generated and saved there first if it is missing or unreadable."""
         try:
-            return cls.load(directory)
+            base = cls.load(directory)
         except KnowledgeBaseError:
             base = cls.generate(seed, config)
             # Write to a temporary sibling, then rename: concurrent first uses never see half a base.
@@ -579,4 +566,5 @@ class KnowledgeBase:
                 os.replace(staging, directory)
             except OSError:  # another process won the race; its copy is identical
                 shutil.rmtree(staging, ignore_errors=True)
-            return base
+        index_path = cached_corpus_index(directory / "passages.jsonl", embedder=embedder, cache_dir=root)
+        return base, index_path

@@ -97,6 +97,22 @@ def test_resaving_a_step_never_leaves_it_missing(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step_000001"]
 
 
+def test_a_save_that_fails_midway_leaves_the_last_checkpoint_and_no_half_written_copy(tmp_path):
+    import errno
+
+    class FullDisk(torch.nn.Module):  # a model whose weights cannot be written, as on a full disk
+        def save_pretrained(self, folder, **kwargs):
+            (folder / "model.safetensors").write_bytes(b"x" * 1024)
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    manager = CheckpointManager(tmp_path)
+    manager.save(1, {"trainer": {"step": 1}})
+    with pytest.raises(OSError, match="No space left"):
+        manager.save(2, {"trainer": {"step": 2}}, model=FullDisk())
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_000001"]
+    assert manager.load_latest()[1]["trainer"]["step"] == 1
+
+
 def test_rng_state_round_trip():
     state = rng_state()
     expected = (random.random(), np.random.rand(), torch.rand(1).item())

@@ -18,7 +18,6 @@ from rapo_env.rewards.qa import QAReward
 from rapo_env.rewards.text import normalize_answer
 from rapo_env.tasks.base import Task
 from rapo_env.tasks.hotpotqa import load_hotpotqa
-from rapo_env.tasks import knowledge_base as knowledge_base_module
 from rapo_env.tasks.knowledge_base import KnowledgeBase, KnowledgeBaseConfig, KnowledgeBaseError
 from rapo_tools.search.cache import cached_corpus_index
 from rapo_tools.search.embedding import Embedder
@@ -81,16 +80,22 @@ def test_knowledge_base_is_deterministic_and_its_evidence_is_in_the_passages():
 def test_cached_base_is_built_once_and_reloaded(tmp_path, embedder):
     kb, index_path = KnowledgeBase.cached(seed=5, cache_dir=tmp_path, embedder=embedder, **SMALL_KB)
     stamp = index_path.stat().st_mtime_ns
-    shared, same_index = KnowledgeBase.cached(seed=5, cache_dir=tmp_path, embedder=embedder, **SMALL_KB)
-    assert shared is kb, "a process reads a base once; every env of a batch shares it"
+    reloaded, same_index = KnowledgeBase.cached(seed=5, cache_dir=tmp_path, embedder=embedder, **SMALL_KB)
     assert same_index == index_path and index_path.stat().st_mtime_ns == stamp
-    knowledge_base_module._LOADED.clear()  # as a new process would: read back from the cache folder
-    reloaded, _ = KnowledgeBase.cached(seed=5, cache_dir=tmp_path, embedder=embedder, **SMALL_KB)
-    assert reloaded is not kb and index_path.stat().st_mtime_ns == stamp
     assert reloaded.questions[0] == kb.questions[0] and reloaded.passages == kb.passages
     assert (
         WikiSearch.load(index_path, embedder=embedder).search([kb.passages[0].title], 1)[0][0].passage == kb.passages[0]
     )
+
+
+def test_envs_of_one_process_share_one_read_knowledge_base(kb_options):
+    first, second = gym.make("RAPO-QA-v0", **kb_options), gym.make("RAPO-QA-v0", split="test", **kb_options)
+    assert first.unwrapped.knowledge_base is second.unwrapped.knowledge_base, "each env read the base again"
+    other = gym.make("RAPO-QA-v0", **{**kb_options, "knowledge_base": {**SMALL_KB, "num_works": 7}})
+    assert other.unwrapped.knowledge_base is not first.unwrapped.knowledge_base  # other sizes, another base
+    assert len(other.unwrapped.knowledge_base.entities) != len(first.unwrapped.knowledge_base.entities)
+    for env in (first, second, other):
+        env.close()
 
 
 def test_default_env_passes_the_gymnasium_checker(kb_options):
