@@ -1,15 +1,18 @@
-"""Cost of the shipped held-out evaluation with FastPolicy's prefix cache on and off (issue #30, points 2 and 4).
+"""Cost of the shipped held-out evaluation against per-turn batches and no prefix cache (issue #30, points 2 and 4).
 
 The workload is what `make run` evaluates right after its warm-up: ``configs/default.yaml`` (SmolLM2-135M-Instruct
 on procedural math, RAPO-Math-v0 with the python tool), its supervised warm-up run once, then the trainer's own
 `HeldoutEvaluator` (greedy, the first ``--questions`` questions of the test split, the training engine and
 policy). Systems, interleaved over ``--rounds`` rounds (`_rounds.interleaved_rounds`):
 
-- ``cache off, batch 32, 1 thread``: every turn re-prefills its whole context (``prefix_cache_bytes=0``), in
-  batches of the policy's own 32 rows on the rollouts' one thread (the evaluation before issue #30);
-- ``cache on, batch 32, 1 thread``: the default `PrefixCache` (`rapo_agents.policies.fast.DEFAULT_PREFIX_CACHE_BYTES`);
-- ``shipped``: the same with the evaluation's own decoding settings (`HeldoutConfig`: ``max_batch_size`` 64, so that
-  the engine's 64 concurrent episodes decode as one batch, and ``threads`` None, the process's own, every core).
+- ``cache off, batch 32, 1 thread, per turn``: every turn re-prefills its whole context (``prefix_cache_bytes=0``),
+  each set of ready episodes decoded as one batch (``rollout.continuous_batching=false``) of at most the policy's
+  own 32 rows on the rollouts' one thread (the evaluation before issue #30);
+- ``shipped, per turn``: the default `PrefixCache` (`rapo_agents.policies.fast.DEFAULT_PREFIX_CACHE_BYTES`) and the
+  evaluation's own decoding settings (`HeldoutConfig`: ``max_batch_size`` 64, ``threads`` None, the process's own,
+  every core), each set of ready episodes still decoded as one batch to its longest row;
+- ``shipped``: the same with the continuous batch (`rapo_agents.policies.continuous`): an episode joins the
+  running batch as soon as its tool returns, and leaves when its turn ends.
 
 Reported per system: eval wall time, prompt tokens prefilled and reused per episode, the time inside
 ``generate`` and in env steps, generated tokens per episode and the accuracy (which must not move: fp32
@@ -43,10 +46,10 @@ from rapo_agents.trainer import RAPOTrainer, training_env_kwargs
 from rapo_agents.warmup import warm_up
 
 SHIPPED = HeldoutConfig()
-SYSTEMS = {"cache off, batch 32, 1 thread": (0, 32, 1),
-           "cache on, batch 32, 1 thread": (DEFAULT_PREFIX_CACHE_BYTES, 32, 1),
-           "shipped": (DEFAULT_PREFIX_CACHE_BYTES, SHIPPED.max_batch_size, SHIPPED.threads)}
-"""name -> (prefix cache bytes, evaluation max_batch_size, evaluation threads)."""
+SYSTEMS = {"cache off, batch 32, 1 thread, per turn": (0, 32, 1, False),
+           "shipped, per turn": (DEFAULT_PREFIX_CACHE_BYTES, SHIPPED.max_batch_size, SHIPPED.threads, False),
+           "shipped": (DEFAULT_PREFIX_CACHE_BYTES, SHIPPED.max_batch_size, SHIPPED.threads, True)}
+"""name -> (prefix cache bytes, evaluation max_batch_size, evaluation threads, continuous batching)."""
 
 
 def warmed_up_trainer(questions: int, output_dir: str, weight_format: str | None) -> RAPOTrainer:
@@ -65,12 +68,13 @@ def warmed_up_trainer(questions: int, output_dir: str, weight_format: str | None
     return trainer
 
 
-def evaluate(trainer: RAPOTrainer, cache_bytes: int, batch_size: int, threads: int | None) -> dict:
+def evaluate(trainer: RAPOTrainer, cache_bytes: int, batch_size: int, threads: int | None, continuous: bool) -> dict:
     """One held-out evaluation with a fresh prefix store of ``cache_bytes``, decoding ``batch_size`` rows at once on
-    ``threads``; its cost per episode."""
+    ``threads``, as a continuous batch or per turn; its cost per episode."""
     policy, evaluator = trainer.policy, trainer.heldout
     policy.prefix_cache = PrefixCache(cache_bytes)
     evaluator.config = dataclasses.replace(evaluator.config, max_batch_size=batch_size, threads=threads)
+    evaluator.engine.config = dataclasses.replace(evaluator.engine.config, continuous_batching=continuous)
     before = policy.prefill_stats.as_dict()
     result = evaluator.evaluate(0, show_progress=False)
     stats, after = evaluator.engine.stats, policy.prefill_stats.as_dict()
@@ -101,8 +105,8 @@ def main() -> None:
         trainer = warmed_up_trainer(questions, output_dir, args.weight_format)
         print(f"policy {trainer.policy.name}, {questions} held-out questions, {rounds} rounds")
         results, loads = interleaved_rounds(
-            {name: lambda b=bytes_, s=size, t=threads: evaluate(trainer, b, s, t)
-             for name, (bytes_, size, threads) in SYSTEMS.items()},
+            {name: lambda b=bytes_, s=size, t=threads, c=continuous: evaluate(trainer, b, s, t, c)
+             for name, (bytes_, size, threads, continuous) in SYSTEMS.items()},
             rounds)
         trainer.heldout.close()
     reference = results[next(iter(SYSTEMS))][0]["correct"]
@@ -115,7 +119,7 @@ def main() -> None:
                      "prefilled tok/episode": show(figures["prefilled_tokens"], 0),
                      "reused tok/episode": show(figures["reused_tokens"], 0),
                      "generate s": show(figures["generate_s"]), "env step s": show(figures["env_step_s"]),
-                     "generate calls": show(figures["generate_calls"], 0),
+                     "generate calls or steps": show(figures["generate_calls"], 0),
                      "generated tok/episode": show(figures["generated_tokens"], 0),
                      "accuracy": show(figures["accuracy"], 3), "same verdicts": f"{agree}/{len(reference)}",
                      "figures": figures})

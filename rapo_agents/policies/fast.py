@@ -20,6 +20,10 @@ fp32 weights the results equal those without the store (up to float rounding). i
 the float-level differences of another forward layout flip some roundings: its results move within int8's usual
 error, as they do when the same context is decoded in another batch.
 
+Continuous batching: `continuous_batch` opens a running batch (`rapo_agents.policies.continuous.ContinuousBatch`)
+that rows join at any token and leave when they finish; the rollout scheduler decodes with it, so an episode whose
+tool returns does not wait for the rest of a batch to finish its turn.
+
 Example:
     >>> policy = FastPolicy.from_pretrained()                     # doctest: +SKIP
     >>> ids = policy.tokenizer.encode("The capital of France is")  # doctest: +SKIP
@@ -30,7 +34,7 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -47,6 +51,9 @@ from rapo_agents.policies.llama_decoder import (
 )
 from rapo_agents.policies.prefix_cache import Match, PrefillStats, PrefixCache, shared_prefixes
 
+if TYPE_CHECKING:
+    from rapo_agents.policies.continuous import ContinuousBatch
+
 CALIBRATION_TEXT = (
     "Solve the task. Think step by step, call tools when they help, and give the final answer.\n"
     "<python>\nimport math\nvalues = [i ** 2 for i in range(1, 21)]\nprint(sum(values), math.sqrt(2))\n</python>\n"
@@ -57,7 +64,8 @@ CALIBRATION_TEXT = (
 """Text whose activations calibrate the int8 SmoothQuant scales at every repack (tool calls, code, prose)."""
 
 CACHE_CHUNK = 256
-"""KV cache slots added at a time: enough for most turns, so a batch rarely grows its cache."""
+"""KV cache slots added at a time (to a batch's cache, or after a `ContinuousBatch`'s last column): enough for most
+turns, so a cache is rarely copied into a larger one."""
 
 DEFAULT_PREFIX_CACHE_BYTES = 1 << 30
 """The prefix store's default budget: 1 GiB holds about 23k tokens of SmolLM2-135M's float32 KV (30 layers x 3
@@ -161,8 +169,18 @@ class FastPolicy(HFPolicy):
 
     # ---- generation --------------------------------------------------------------------------------
 
+    def weights_changed(self) -> bool:
+        """Whether the module's weights changed in place since the last repack."""
+        return self._weights_version() != self._packed_version
+
+    def continuous_batch(self) -> ContinuousBatch:
+        """A running decode batch that rows join and leave at any token (`rapo_agents.policies.continuous`)."""
+        from rapo_agents.policies.continuous import ContinuousBatch  # it builds on this module
+
+        return ContinuousBatch(self)
+
     def generate(self, contexts, sampling: SamplingParams | Any) -> list[Generation]:
-        if self._weights_version() != self._packed_version:
+        if self.weights_changed():
             self.repack()
         before = torch.get_num_threads()
         if self.threads is not None and self.threads != before:

@@ -70,6 +70,10 @@ class RolloutConfig:
     """Threads that run env steps (tool calls) concurrently."""
     overlap: bool = True
     """Generate for ready episodes while other episodes' tools still run (False: strict rounds)."""
+    continuous_batching: bool = True
+    """With ``overlap`` and a policy that has a running batch (`FastPolicy`, the CPU default): an episode joins the
+    decode batch as soon as its tool returns and leaves it when its turn ends (False: each set of ready episodes
+    is decoded as one batch, to its longest row, and ``batch_wait_s`` applies)."""
     batch_wait_s: float | None = None
     """With ``overlap``, how long to wait for running tools to join a generation batch. None: adaptive,
     half the mean duration of a generate call, so that slow generation (HF on CPU, where a batch of 8

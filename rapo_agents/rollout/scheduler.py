@@ -4,16 +4,22 @@
 and ``stepping`` (their env step runs in the thread pool), and back to ``ready`` until they end. It gets what it
 works with (the env pool, the policy, the settings, the stats to fill in), never the engine; the episodes' own
 state changes only inside `Episode`.
+
+How ready episodes are decoded: with a policy that has a running batch (`FastPolicy.continuous_batch`) and
+``overlap`` and ``continuous_batching`` on, a ready episode joins the batch at its next token and leaves it when
+its turn ends, while the env steps of others run; otherwise each set of ready episodes is one `Policy.generate`
+call, decoded to its longest row.
 """
 
 from __future__ import annotations
 
 import concurrent.futures as cf
+import contextlib
 import dataclasses
 import random
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rapo_agents.policies.base import Generation, Policy, SamplingParams
 from rapo_agents.rollout.branching import ARPOConfig, branch_count
@@ -23,6 +29,9 @@ from rapo_agents.rollout.env_pool import EnvPool, derive_seed
 from rapo_agents.rollout.episode import Episode
 from rapo_env.protocol import closing_tags
 from rapo_env.trajectory import Trajectory
+
+if TYPE_CHECKING:
+    from rapo_agents.policies.continuous import ContinuousBatch
 
 _BRANCH = 0xB4A2C
 """Mixed into the seed of ARPO's branching draws, apart from the sampling seeds of the same turn."""
@@ -41,6 +50,7 @@ class RolloutStats:
     wait_s: float = 0.0
     """Time the main thread waited for env steps with nothing to generate."""
     generate_calls: int = 0
+    """``policy.generate`` calls, or decode steps of a continuous batch."""
     generated_tokens: int = 0
     tool_calls: int = 0
     branches: int = 0
@@ -103,16 +113,24 @@ class Scheduler:
         self.waiting = list(reversed(episodes))
         self.ready: list[Episode] = []
         self.stepping: dict[cf.Future, Episode] = {}
+        self.batch: ContinuousBatch | None = None
+        """The running decode batch, while `run` plays with one."""
         self.progress = _progress(stats.episodes, self.config.show_progress)
 
     def run(self) -> list[Trajectory]:
         """Play every episode; their trajectories group by group, by rollout index."""
+        policy, config = self.settings.policy, self.config
+        continuous = config.overlap and config.continuous_batching and hasattr(policy, "continuous_batch")
         try:
-            while self.waiting or self.ready or self.stepping:
-                self.start_waiting()
-                self.collect_env_steps()
-                if self.ready and (self.config.overlap or not self.stepping):
-                    self.generate()
+            with policy.continuous_batch() if continuous else contextlib.nullcontext() as batch:
+                self.batch = batch
+                while self.waiting or self.ready or self.stepping or batch:
+                    self.start_waiting()
+                    self.collect_env_steps()
+                    if batch is not None:
+                        self.decode_step(batch)
+                    elif self.ready and (config.overlap or not self.stepping):
+                        self.generate()
         finally:
             self.progress.close()
             for future in self.stepping:
@@ -134,7 +152,9 @@ class Scheduler:
         generate (or the first one when none is); without it, every step of the round."""
         if not self.stepping:
             return
-        if self.config.overlap and self.ready:  # let fast tools join this batch, not slow ones
+        if self.batch is not None:  # decoding goes on while tools run: wait only when there is nothing to decode
+            timeout, when = (0 if self.batch or self.ready else None), cf.FIRST_COMPLETED
+        elif self.config.overlap and self.ready:  # let fast tools join this batch, not slow ones
             timeout, when = self._batch_wait(), cf.ALL_COMPLETED
         elif self.config.overlap:
             timeout, when = None, cf.FIRST_COMPLETED
@@ -154,34 +174,51 @@ class Scheduler:
     def generate(self) -> None:
         """One batched generation over the ready episodes; each then steps its env (or ends, or branches)."""
         batch, self.ready = self.ready, []
-        for episode, generation in zip(batch, self._generate(batch), strict=True):
-            branches = self._branch(episode, generation)
-            self.episodes.extend(branches)
-            self.ready.extend(branches)
-            if episode.add_generation(generation, self.settings.vocab_size):
-                self.stepping[self.settings.pool.submit(_step_env, episode, generation.text)] = episode
-            else:
-                self._finish(episode)
-
-    def _generate(self, batch: list[Episode]) -> list[Generation]:
-        config = self.config
-        contexts, params = [], []
-        for episode in batch:
-            remaining = episode.record.remaining
-            contexts.append(episode.record.token_ids)
-            stop = config.stop if config.stop is not None else closing_tags(episode.reset_info.get("tools", ()))
-            params.append(SamplingParams(
-                temperature=config.temperature, top_p=config.top_p, top_k=config.top_k,
-                max_new_tokens=min(remaining, config.max_turn_tokens or remaining), stop=tuple(stop),
-                top_logprobs=config.top_logprobs,
-                seed=derive_seed(self.seed, episode.task_index, episode.rollout_index, episode.turn),
-            ))
         started = time.perf_counter()
-        generations = self.settings.policy.generate(contexts, params)
+        generations = self.settings.policy.generate([episode.record.token_ids for episode in batch],
+                                                    [self._sampling(episode) for episode in batch])
         self.stats.generate_s += time.perf_counter() - started
         self.stats.generate_calls += 1
-        self.stats.generated_tokens += sum(g.num_tokens for g in generations)
-        return generations
+        for episode, generation in zip(batch, generations, strict=True):
+            self._after_generation(episode, generation)
+
+    def decode_step(self, batch: ContinuousBatch) -> None:
+        """Let ready episodes join the running batch while it has rows, and decode one token of every row; the
+        episodes whose turn ended step their env (or end, or branch)."""
+        while self.ready and batch.free > 0:
+            episode = self.ready.pop(0)
+            batch.add(episode, episode.record.token_ids, self._sampling(episode))
+        if not batch:
+            return
+        started = time.perf_counter()
+        finished = batch.step()
+        self.stats.generate_s += time.perf_counter() - started
+        self.stats.generate_calls += 1
+        for episode, generation in finished:
+            self._after_generation(episode, generation)
+
+    def _sampling(self, episode: Episode) -> SamplingParams:
+        """The sampling settings of the episode's next turn (its seed derives from the run, question, rollout
+        and turn)."""
+        config, remaining = self.config, episode.record.remaining
+        stop = config.stop if config.stop is not None else closing_tags(episode.reset_info.get("tools", ()))
+        return SamplingParams(
+            temperature=config.temperature, top_p=config.top_p, top_k=config.top_k,
+            max_new_tokens=min(remaining, config.max_turn_tokens or remaining), stop=tuple(stop),
+            top_logprobs=config.top_logprobs,
+            seed=derive_seed(self.seed, episode.task_index, episode.rollout_index, episode.turn),
+        )
+
+    def _after_generation(self, episode: Episode, generation: Generation) -> None:
+        """Record a generated turn: branch (ARPO), then step the env, or end the episode."""
+        self.stats.generated_tokens += generation.num_tokens
+        branches = self._branch(episode, generation)
+        self.episodes.extend(branches)
+        self.ready.extend(branches)
+        if episode.add_generation(generation, self.settings.vocab_size):
+            self.stepping[self.settings.pool.submit(_step_env, episode, generation.text)] = episode
+        else:
+            self._finish(episode)
 
     def _branch(self, episode: Episode, generation: Generation) -> list[Episode]:
         """ARPO: measure the turn just generated; after a tool result, branch the rollout as its entropy says.

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import copy
+import dataclasses
+
 import gymnasium as gym
 import pytest
 import torch
 
 from rapo_agents.policies import SamplingParams, ScriptedPolicy
+from rapo_agents.policies.fast import FastPolicy
 from rapo_agents.rollout import RolloutConfig, RolloutEngine, collate_trajectories
 from rapo_agents.rollout.episode import PromptTooLongError, fit_prompt
 from rapo_env.trajectory import read_jsonl, write_jsonl
@@ -163,6 +167,27 @@ def test_hf_policy_token_in_token_out_logprobs_match_a_forward_pass(tiny_policy)
             assert step.entropy_paper is not None and 0 < step.entropy_paper <= torch.log(torch.tensor(259.0))
             assert step.entropy_reference is not None and step.entropy_reference > 0
     assert [t.rollout_index for t in trajectories] == [0, 1, 0, 1]
+
+
+def test_fast_policy_episodes_join_a_continuous_batch_and_get_the_tokens_of_per_turn_batches(tiny_policy,
+                                                                                              monkeypatch):
+    fast = FastPolicy(copy.deepcopy(tiny_policy.model), tiny_policy.tokenizer, weight_format="fp32")
+    config = RolloutConfig(rollout_n=2, max_response_tokens=120, max_turn_tokens=40, temperature=1.0)
+    env_kwargs = {**ENV_KWARGS, "max_turns": 3}
+    with RolloutEngine("RAPO-Math-v0", fast, dataclasses.replace(config, continuous_batching=False),
+                       env_kwargs=env_kwargs) as per_turn:
+        expected = per_turn.run([0, 3], seed=7)
+        turns = per_turn.stats.generate_calls
+    fast.prefix_cache.clear()
+    monkeypatch.setattr(fast, "generate", lambda *args: pytest.fail("a continuous batch never calls generate"))
+    with RolloutEngine("RAPO-Math-v0", fast, config, env_kwargs=env_kwargs) as engine:
+        trajectories = engine.run([0, 3], seed=7)
+    assert [t.token_ids for t in trajectories] == [t.token_ids for t in expected]  # per-row seeds, fp32
+    for got, reference in zip(trajectories, expected, strict=True):
+        torch.testing.assert_close(torch.tensor(got.logprobs), torch.tensor(reference.logprobs), atol=1e-4, rtol=1e-4)
+        check_token_record(got, tiny_policy.tokenizer)
+    assert engine.stats.generated_tokens == per_turn.stats.generated_tokens
+    assert engine.stats.generate_calls > turns  # one per decode step, not one per batch of turns
 
 
 def test_sampling_params_come_from_the_config():
