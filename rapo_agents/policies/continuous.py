@@ -128,9 +128,7 @@ class ContinuousBatch:
         prefilled, logits, _ = policy._prefill([context for _, context, _ in joining], spare=0)
         kv = [prefilled.row_kv(slot) for slot in range(len(joining))]
         longest = max(keys.shape[2] for keys, _ in kv)
-        if self.cache is None:
-            self.cache, self.written = policy.decoder.new_cache(self.max_rows, longest + CACHE_CHUNK), longest
-        elif longest > self.written:
+        if self.cache is None or longest > self.written:
             self._move_to_new_cache(room_before=longest)
         for (key, context, row), (keys, values) in zip(joining, kv, strict=True):
             slot, start = len(self.rows), self.written - keys.shape[2]
@@ -185,16 +183,24 @@ class ContinuousBatch:
                        cache.valid[:count, first_column:])
 
     def _move_to_new_cache(self, room_before: int) -> None:
-        """Copy the live rows into a new running cache with at least ``room_before`` columns before ``written``
-        and `CACHE_CHUNK` free after it; the columns before the first live row's are left behind."""
+        """Copy the live rows (if any) into a new running cache with ``room_before`` columns before ``written``,
+        `CACHE_CHUNK` more before them and `CACHE_CHUNK` free after it; the columns before the first live row's
+        are left behind.
+
+        The slack before ``written`` is for the rows that join later: an episode's next turn is longer than the
+        columns its batch has written by its tool result, and without the slack most joins after a tool call
+        moved the cache (a new cache is gigabytes of fresh memory: 43% of the rollouts of a training run went to
+        allocating them).
+        """
         old, count = self.cache, len(self.rows)
         first = min(self.starts, default=self.written)
         span = self.written - first
-        written = max(span, room_before)
+        written = max(span, room_before) + CACHE_CHUNK
         cache = self.policy.decoder.new_cache(self.max_rows, written + CACHE_CHUNK)
+        if count:
+            cache.keys[:, :count, :, written - span:written] = old.keys[:, :count, :, first:self.written]
+            cache.values[:, :count, :, written - span:written] = old.values[:, :count, :, first:self.written]
+            cache.valid[:count, written - span:written] = old.valid[:count, first:self.written]
         shift = written - self.written
-        cache.keys[:, :count, :, written - span:written] = old.keys[:, :count, :, first:self.written]
-        cache.values[:, :count, :, written - span:written] = old.values[:, :count, :, first:self.written]
-        cache.valid[:count, written - span:written] = old.valid[:count, first:self.written]
         self.cache, self.written = cache, written
         self.starts = [start + shift for start in self.starts]
