@@ -57,7 +57,8 @@ class HeldoutConfig:
     max_batch_size: int = 64
     """Most episodes in flight and decoded together while evaluating: the policy's own limit (32 for the CPU
     policies) is raised to this for the evaluation. Larger decode batches cost less per token; each row holds its
-    KV cache (46 KB a token for SmolLM2-135M), so 64 QA episodes take about 3 GB."""
+    KV cache (46 KB a token for SmolLM2-135M; a continuous batch adds 512 spare columns to the longest row), so 64
+    QA episodes take about 3-4 GB."""
     threads: int | None = None
     """torch threads of the policy while it decodes an evaluation (None: the process's own, by default one per
     core). Rollouts decode on one thread because tools and encoders run beside them; nothing of training runs
