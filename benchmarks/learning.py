@@ -19,7 +19,8 @@ weights, same RNG state, same question order), so their step-0 evaluations are i
 parts (``--tasks qa --methods GRPO RAPO --seeds 0 1``) and tabulated at the end (``--report-only``).
 
 **The comparison.** RAPO − GRPO after RL is paired over the same held-out questions and pooled over seeds
-(percentile bootstrap over question-seed pairs), with the per-seed differences beside it. Power: two methods
+(percentile bootstrap over question-seed pairs), with the per-seed differences beside it and their mean with a
+t-interval over seeds (which, unlike the bootstrap over questions, counts the noise of training). Power: two methods
 that disagree on a fraction d of the paired questions give a standard error of about sqrt(d / n) for n pairs; at
 d = 0.2 (what two trained policies of one seed showed on the math task), telling a 5-point difference at 95%
 with 80% power needs n = (1.96 + 0.84)^2 * 0.2 / 0.05^2 = 627 pairs: 200 held-out questions (the QA config's)
@@ -34,6 +35,8 @@ update seconds per step. Everything goes to ``benchmarks/results/learning[_quick
     python benchmarks/learning.py --quick         # QA, 1 seed, RAPO and GRPO, 2 steps, 20 held-out questions
     python benchmarks/learning.py --tasks qa --methods GRPO RAPO --seeds 0 1 2 3 4
     python benchmarks/learning.py --report-only   # the tables and plot again, from the run folders
+    python benchmarks/learning.py --report-only --tasks qa --methods GRPO RAPO --settings warm-up \
+        --seeds 5 6 --with-report docs/results/learning_qa_hybrid_share.json   # pooled with earlier seeds
 """
 
 from __future__ import annotations
@@ -265,17 +268,25 @@ def unspliced_selection(folder: Path, trajectories: list[dict]) -> dict:
             "hybrid_unspliced_rollouts": float(len(unspliced))}
 
 
+T_975 = (math.nan, 12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
+         2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+"""Student's t 97.5% quantile by degrees of freedom (index), for 95% intervals over seeds."""
+
+
 def mean_and_interval(values: list[float]) -> tuple[float, float]:
-    """Mean and the half-width of a 95% t-interval across seeds (0 for one seed)."""
+    """Mean and the half-width of a 95% t-interval across seeds (nan for one seed: one seed has no spread)."""
     if len(values) < 2:
-        return (values[0] if values else float("nan")), 0.0
-    t_975 = {2: 12.706, 3: 4.303, 4: 3.182, 5: 2.776, 6: 2.571}.get(len(values), 2.262)
+        return (values[0] if values else float("nan")), float("nan")
+    degrees = len(values) - 1
+    t_975 = T_975[min(degrees, len(T_975) - 1)]  # beyond 30 degrees, 30's (2.042 against 1.96 in the limit)
     return statistics.fmean(values), t_975 * statistics.stdev(values) / math.sqrt(len(values))
 
 
 def against(runs: list[dict], method: str, baseline: str) -> list[dict]:
     """``method`` minus ``baseline`` after RL, per task and setting: paired over the same questions per seed, and
-    pooled over seeds (the question-seed pairs concatenated)."""
+    pooled over seeds two ways. ``pooled`` and its CI: the question-seed pairs concatenated, a bootstrap that counts
+    the evaluation's noise on the trained models but not the noise of training them; ``over seeds``: the mean of the
+    per-seed differences with a t-interval across seeds, which counts both (and is wider)."""
     from rapo_agents.heldout import paired_difference
 
     final = {(r["task"], r["setting"], r["seed"], r["method"]): r["heldout"][-1]["correct"] for r in runs
@@ -291,9 +302,12 @@ def against(runs: list[dict], method: str, baseline: str) -> list[dict]:
         pooled = paired_difference(
             [c for seed in seeds for c in final[(task, setting, seed, baseline)]],
             [c for seed in seeds for c in final[(task, setting, seed, method)]])
+        over_seeds, half_width = mean_and_interval([per_seed[seed]["mean"] for seed in seeds])
         rows.append({"task": task, "setting": setting, "comparison": f"{method} - {baseline}", "seeds": len(seeds),
                      "pairs": sum(len(final[(task, setting, seed, method)]) for seed in seeds),
                      "pooled": pooled.mean, "CI low": pooled.low, "CI high": pooled.high,
+                     "over seeds": over_seeds, "seeds CI low": over_seeds - half_width,
+                     "seeds CI high": over_seeds + half_width,
                      "per seed": " ".join(f"{per_seed[s]['mean']:+.2f}" for s in seeds), "per_seed": per_seed})
     return rows
 
@@ -331,6 +345,38 @@ def plot(runs: list[dict], path: Path, title: str) -> Path:
     return path
 
 
+def with_earlier_runs(runs: list[dict], reports: list[str]) -> list[dict]:
+    """``runs`` and the runs of earlier reports of this benchmark (``--with-report``), to be tabulated together.
+
+    A saved report keeps every evaluation's per-question results, so seeds run by another session (whose run
+    folders are gone) pool with this invocation's. Each run keeps where it came from (``source``), and the methods
+    of one (task, setting, seed) must all come from one source: runs of different commits may decode otherwise, so
+    they are paired only within a source.
+
+    Raises:
+        ValueError: for a report that cannot be read, or a seed whose methods come from different sources.
+    """
+    combined = list(runs)
+    for path in reports:
+        try:
+            saved = json.loads(Path(path).read_text(encoding="utf-8"))["runs"]
+        except (OSError, ValueError, KeyError, TypeError) as error:
+            raise ValueError(f"--with-report {path}: not a report of this benchmark ({error})") from error
+        combined += [{**run, "source": run.get("source", path)} for run in saved]
+    sources: dict[tuple, str] = {}
+    methods: set[tuple] = set()
+    for run in combined:
+        seed = (run["task"], run["setting"], run["seed"])
+        where = f"{run['task']}, {run['setting']}, seed {run['seed']}"
+        if (*seed, run["method"]) in methods:
+            raise ValueError(f"{where}: {run['method']} is there twice (from {sources[seed]} and {run['source']})")
+        if sources.setdefault(seed, run["source"]) != run["source"]:
+            raise ValueError(f"{where}: runs come from both {sources[seed]} and {run['source']}; a seed's methods "
+                             "pair only within one source, so leave that seed out of one of them")
+        methods.add((*seed, run["method"]))
+    return combined
+
+
 def planned_runs(args: argparse.Namespace) -> list[tuple[str, str, int, str]]:
     """(task, setting, seed, method) of every run, interleaved by seed so that load changes spread over all."""
     runs = []
@@ -362,6 +408,9 @@ def main() -> None:
     parser.add_argument("--output", default="runs/learning", help="where the run folders go")
     parser.add_argument("--report-only", action="store_true",
                         help="tabulate the finished run folders under --output again, without training")
+    parser.add_argument("--with-report", nargs="*", default=[], metavar="JSON",
+                        help="earlier reports of this benchmark (docs/results/learning_*.json) whose runs are "
+                             "tabulated and pooled with these (a seed's methods must all come from one of them)")
     args = parser.parse_args()
     if args.quick:
         defaults = {"tasks": ["qa"], "methods": ["GRPO", "RAPO"], "settings": ["warm-up"], "seeds": [0],
@@ -381,9 +430,16 @@ def main() -> None:
         if not args.report_only:
             folder = train_method(task, setting, seed, method, overrides, root)
         if (folder / DONE).is_file():
-            runs.append(summarize(task, setting, seed, method, folder))
+            runs.append({**summarize(task, setting, seed, method, folder), "source": str(root)})
         else:
             print(f"not finished, left out of the tables: {folder}")
+    try:
+        runs = with_earlier_runs(runs, args.with_report)
+    except ValueError as error:
+        parser.error(str(error))
+    if not runs:
+        parser.error(f"no finished run of this plan under {root} (nor in --with-report): run it without "
+                     "--report-only first")
 
     rows = []
     for task, setting in dict.fromkeys((r["task"], r["setting"]) for r in runs):
@@ -428,13 +484,14 @@ def main() -> None:
     from rich.table import Table
 
     console = Console(width=200)
-    table = Table(title="paired differences after RL (pooled over seeds: percentile bootstrap over question pairs)")
-    for column in ("task", "setting", "comparison", "seeds", "pairs", "pooled", "CI low", "CI high", "per seed"):
+    table = Table(title="paired differences after RL (pooled: percentile bootstrap over question pairs; over seeds: "
+                        "t-interval of the per-seed differences)")
+    columns = ("task", "setting", "comparison", "seeds", "pairs", "pooled", "CI low", "CI high", "over seeds",
+               "seeds CI low", "seeds CI high", "per seed")
+    for column in columns:
         table.add_column(column)
     for row in comparisons:
-        table.add_row(*(f"{row[c]:+.3f}" if isinstance(row[c], float) else str(row[c]) for c in
-                        ("task", "setting", "comparison", "seeds", "pairs", "pooled", "CI low", "CI high",
-                         "per seed")))
+        table.add_row(*(f"{row[c]:+.3f}" if isinstance(row[c], float) else str(row[c]) for c in columns))
     console.print(table)
     if mechanism:
         keys = [key for key in mechanism[0] if key not in ("task", "setting", "method", "seed")]

@@ -5,8 +5,9 @@ which depends on the phase the run is in:
 
 - ``warm-up episodes`` and ``evaluation`` stop at once (the phase is abandoned: `PhaseInterrupted` is raised
   inside it and caught by `RunControl.phase`), and the trainer saves a checkpoint; the next run redoes them;
-- ``warm-up`` (behaviour cloning) stops after the current optimiser step, and the checkpoint records the steps
-  done, so the next run continues the warm-up;
+- ``warm-up`` (behaviour cloning) stops after the current optimiser step; the next run does the warm-up again from
+  the model's own weights (its optimiser moments and episode order are not kept, and a warm-up continued without
+  them is another one);
 - ``step`` (rollouts and update) finishes the step, then the trainer saves a checkpoint.
 
 A second signal stops at once, without a checkpoint (``KeyboardInterrupt``).
@@ -41,7 +42,7 @@ LOCK_FILE = ".rapo-train.lock"
 
 ON_SIGNAL = {
     "warm-up episodes": "stopping the warm-up now and saving a checkpoint; the next run redoes the warm-up",
-    "warm-up": "stopping after the current warm-up step and saving a checkpoint; the next run continues the warm-up",
+    "warm-up": "stopping after the current warm-up step and saving a checkpoint; the next run redoes the warm-up",
     "evaluation": "stopping the held-out evaluation now and saving a checkpoint; the next run evaluates again",
     "step": "finishing this step (rollouts and update), then saving a checkpoint and stopping",
     "": "saving a checkpoint and stopping",

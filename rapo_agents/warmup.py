@@ -249,10 +249,10 @@ def behaviour_cloning(
 
 
 def warm_up(model: torch.nn.Module, tokenizer: Any, make_env: Callable[[], gym.Env], config: WarmupConfig,
-            rollout: RolloutConfig, optim: OptimConfig, control: RunControl, *, steps_done: int = 0, seed: int = 0,
+            rollout: RolloutConfig, optim: OptimConfig, control: RunControl, *, seed: int = 0,
             autocast_dtype: torch.dtype | None = None, show_progress: bool = False) -> WarmupResult | None:
     """The warm-up of a training run: expert episodes on the env's first questions (within ``rollout``'s budgets),
-    then `behaviour_cloning` for the ``config.sft_steps - steps_done`` steps left.
+    then `behaviour_cloning` for ``config.sft_steps`` steps.
 
     It trains the whole model (``model.trainable_layers`` restricts the RL updates only), or a LoRA model's whole
     adapter (`rapo_agents.lora`: the base weights stay as loaded, so the adapter holds all training), and leaves every
@@ -269,7 +269,7 @@ def warm_up(model: torch.nn.Module, tokenizer: Any, make_env: Callable[[], gym.E
         env.close()
     if episodes is None:
         return None
-    steps = config.sft_steps - steps_done
+    steps = config.sft_steps
     trainable = [parameter.requires_grad for parameter in model.parameters()]
     if is_adapted(model):
         adapter_trainable(model)

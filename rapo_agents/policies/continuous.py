@@ -4,8 +4,8 @@ A rollout asks for an episode's next turn as soon as its tool returns. Decoding 
 batch of its own (`Policy.generate`) lets the batch drain: rows that stop early leave a shrinking batch to the
 longest one, and episodes whose tools return meanwhile wait for it. ``rapo eval`` of a checkpoint on the default
 math task (100 questions, batches of 32) decoded 9.6 rows per step on average that way, and a decode step of int8
-weights costs little more at 10 rows than at 1 (36 ms against about 30 ms on one core). Here a row joins at the next step
-(what its context adds to the policy's prefix cache is prefilled, and its KV placed into the running cache) and
+weights costs little more at 10 rows than at 1 (36 ms against about 30 ms on one core). Here a row joins at the next
+step (what its context adds to the policy's prefix cache is prefilled, and its KV placed into the running cache) and
 leaves the step it finishes, so the batch stays as full as the work allows.
 
 Layout: every live row's tokens end at one shared cache column, ``written``; a row that joins is placed just

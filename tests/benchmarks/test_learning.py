@@ -137,3 +137,60 @@ def test_which_methods_retrieve(learning):
     assert not learning.retrieves("GRPO two rollouts per question") and not learning.retrieves("GRPO")
     assert learning.retrieves("RAPO first round only")
     assert learning.retrieves("RAPO own rollouts only")
+
+
+def test_the_interval_over_seeds_is_students_t_and_undefined_for_one_seed(learning):
+    mean, half = learning.mean_and_interval([0.0, 0.1])
+    assert mean == pytest.approx(0.05) and half == pytest.approx(12.706 * 0.1 / 2)  # sd 0.0707, n 2
+    mean, half = learning.mean_and_interval([0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7])
+    assert half == pytest.approx(2.447 * 0.216025 / 7**0.5, rel=1e-4)  # 6 degrees of freedom
+    assert learning.mean_and_interval([0.3])[0] == 0.3
+    assert learning.mean_and_interval([0.3])[1] != learning.mean_and_interval([0.3])[1]  # nan: no spread
+
+
+def finished_run(seed: int, method: str, correct: list[float], source: str = "this run") -> dict:
+    return {"task": "qa", "setting": "warm-up", "seed": seed, "method": method, "source": source,
+            "heldout": [{"step": 0, "correct": [0.0] * len(correct)}, {"step": 10, "correct": correct}]}
+
+
+def test_rapo_against_grpo_is_given_over_question_pairs_and_over_seeds(learning):
+    runs = [finished_run(0, "GRPO", [0, 0, 1, 1]), finished_run(0, "RAPO", [1, 0, 1, 1]),   # +0.25
+            finished_run(1, "GRPO", [1, 0, 0, 0]), finished_run(1, "RAPO", [1, 0, 0, 0]),   # 0
+            finished_run(2, "GRPO", [0, 0, 0, 0]), finished_run(2, "RAPO", [1, 1, 0, 0])]   # +0.5
+    (row,) = learning.against(runs, "RAPO", "GRPO")
+    assert row["seeds"] == 3 and row["pairs"] == 12
+    assert row["pooled"] == pytest.approx(0.25) and row["over seeds"] == pytest.approx(0.25)
+    half = 4.303 * 0.25 / 3**0.5  # the per-seed differences 0.25, 0, 0.5 have sd 0.25
+    assert (row["seeds CI low"], row["seeds CI high"]) == pytest.approx((0.25 - half, 0.25 + half))
+    assert row["CI low"] > row["seeds CI low"]  # the bootstrap over questions leaves out the noise of training
+
+
+def test_seeds_of_an_earlier_report_pool_with_this_runs_but_never_split_across_sources(learning, tmp_path):
+    report = tmp_path / "learning_qa_earlier.json"
+    report.write_text(json.dumps({"runs": [finished_run(0, "GRPO", [0, 1]), finished_run(0, "RAPO", [1, 1])]}))
+    mine = [finished_run(1, method, correct, "runs/learning/full") for method, correct in (("GRPO", [0, 0]),
+                                                                                             ("RAPO", [1, 0]))]
+
+    combined = learning.with_earlier_runs(mine, [str(report)])
+    assert [(run["seed"], run["source"]) for run in combined] == [
+        (1, "runs/learning/full"), (1, "runs/learning/full"), (0, "this run"), (0, "this run")]
+    (row,) = learning.against(combined, "RAPO", "GRPO")
+    assert row["seeds"] == 2 and row["pooled"] == pytest.approx(0.5)
+
+    split = [finished_run(0, "RAPO", [1, 1], "runs/learning/full")]  # seed 0's GRPO is only in the report
+    with pytest.raises(ValueError, match="seed 0: runs come from both"):
+        learning.with_earlier_runs(split, [str(report)])
+    with pytest.raises(ValueError, match="seed 0: GRPO is there twice"):
+        learning.with_earlier_runs(mine, [str(report), str(report)])
+    report.write_text("{not json")
+    with pytest.raises(ValueError, match="not a report of this benchmark"):
+        learning.with_earlier_runs(mine, [str(report)])
+
+
+def test_a_report_of_nothing_finished_says_what_to_run(learning, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(sys, "argv", ["learning.py", "--report-only", "--output", str(tmp_path), "--tasks", "qa",
+                                      "--methods", "GRPO", "--settings", "warm-up", "--seeds", "0"])
+    with pytest.raises(SystemExit) as stopped:
+        learning.main()
+    assert stopped.value.code == 2
+    assert "no finished run of this plan" in capsys.readouterr().err

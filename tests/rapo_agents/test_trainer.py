@@ -320,6 +320,60 @@ def test_warm_up_runs_once_before_rl_and_is_skipped_on_resume(tmp_path, loop_par
     assert [r["step"] for r in records] == [0, 1, 2]  # no second warm-up
 
 
+def test_a_warm_up_stopped_part_way_is_done_again_from_the_start_on_resume(tmp_path, loop_parts, monkeypatch):
+    # Continuing it with a new AdamW (its moments are not saved) gave another warm-up: the action NLL rose from
+    # 0.066 to 0.254 in two continued steps. A run of total_steps 0 (a benchmark's shared start) was also taken as
+    # complete, warm-up unfinished.
+    import os
+    import signal
+
+    import rapo_agents.warmup
+
+    warm = ("sft_steps=3", "sft_batch_size=2", "num_expert_episodes=4", "sft_lr=1e-2", "max_response_tokens=1024",
+            "max_turn_tokens=512", "logging.plot=false", "total_steps=0")
+    straight = make_trainer(tmp_path / "straight", loop_parts, *warm)
+    straight.train()
+
+    real = rapo_agents.warmup.behaviour_cloning
+
+    def signal_after_each_step(*args, should_stop, **kwargs):
+        def stop():
+            os.kill(os.getpid(), signal.SIGTERM)  # as `kill <pid>` would, during the first optimiser step
+            return should_stop()
+        return real(*args, should_stop=stop, **kwargs)
+
+    with monkeypatch.context() as patched:
+        patched.setattr(rapo_agents.warmup, "behaviour_cloning", signal_after_each_step)
+        stopped = make_trainer(tmp_path / "stopped", loop_parts, *warm).train()
+    assert stopped.interrupted
+    assert stopped.checkpoint is not None
+    resumed = make_trainer(tmp_path / "stopped", loop_parts, *warm)
+    result = resumed.train()
+    assert not result.already_complete and not result.interrupted
+    assert torch.equal(parameters(resumed.model), parameters(straight.model))
+    assert resumed.checkpoints.load_latest()[1]["trainer"]["warmup_done"] is True
+
+
+def test_a_run_stopped_in_its_last_evaluation_evaluates_on_resume(tmp_path, loop_parts):
+    import os
+    import signal
+
+    trainer = heldout_trainer(tmp_path, loop_parts, "total_steps=0", "logging.plot=false")
+    real = trainer.heldout.evaluate
+
+    def signal_then_evaluate(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)
+        return real(*args, **kwargs)
+
+    trainer.heldout.evaluate = signal_then_evaluate
+    stopped = trainer.train()
+    assert stopped.interrupted and stopped.heldout == []
+    result = heldout_trainer(tmp_path, loop_parts, "total_steps=0", "logging.plot=false").train()
+    assert not result.already_complete and [evaluation.step for evaluation in result.heldout] == [0]
+    again = heldout_trainer(tmp_path, loop_parts, "total_steps=0", "logging.plot=false").train()
+    assert again.already_complete
+
+
 def test_arpo_config_trains_with_full_branched_groups(tmp_path, loop_parts):
     import json
     from pathlib import Path
@@ -361,9 +415,9 @@ def test_rollout_parts_pickle_for_ray_workers(tmp_path, loop_parts):
     env.close()
 
 
-def test_heldout_evaluation_runs_before_rl_and_at_the_end_on_questions_never_trained_on(tmp_path, loop_parts):
-    import json
-
+def heldout_trainer(tmp_path, loop_parts, *overrides):
+    """A trainer of the loop above with one warm-up step and held-out evaluation on 6 test questions (its policy
+    knows the answers of the training and held-out questions alike)."""
     from rapo_agents.config import load_config
     from rapo_agents.trainer import RAPOTrainer
     from rapo_env.tasks.procedural_math import SPLIT_SEEDS, ProceduralMath
@@ -376,9 +430,16 @@ def test_heldout_evaluation_runs_before_rl_and_at_the_end_on_questions_never_tra
         "lr=1e-3", "env_kwargs={sandbox: subprocess, system_prompt: Use python.}", "logging.progress=false",
         "sft_steps=1", "sft_batch_size=2", "num_expert_episodes=4", "max_response_tokens=1024", "max_turn_tokens=512",
         "evaluation.heldout_tasks=6", "total_steps=2", "logging.plot=true", f"logging.output_dir={tmp_path}",
+        *overrides,
     ])
-    trainer = RAPOTrainer(config, model=tiny_model(vocab_size=259), tokenizer=SeededAnswerPolicy(knows_all).tokenizer,
-                          policy=SeededAnswerPolicy(knows_all), retriever=retriever)
+    return RAPOTrainer(config, model=tiny_model(vocab_size=259), tokenizer=SeededAnswerPolicy(knows_all).tokenizer,
+                       policy=SeededAnswerPolicy(knows_all), retriever=retriever)
+
+
+def test_heldout_evaluation_runs_before_rl_and_at_the_end_on_questions_never_trained_on(tmp_path, loop_parts):
+    import json
+
+    trainer = heldout_trainer(tmp_path, loop_parts)
     questions = set(trainer.heldout.questions)
     assert len(questions) == 6
     assert questions.isdisjoint(task.question for task in trainer._env_factory().unwrapped.tasks)
@@ -396,8 +457,7 @@ def test_heldout_evaluation_runs_before_rl_and_at_the_end_on_questions_never_tra
     assert json.loads((tmp_path / "profile.json").read_text())["eval"] > 0
     assert list((tmp_path / "eval" / "tensorboard").iterdir())
 
-    again = RAPOTrainer(config, model=tiny_model(vocab_size=259), tokenizer=SeededAnswerPolicy(knows_all).tokenizer,
-                        policy=SeededAnswerPolicy(knows_all), retriever=retriever)
+    again = heldout_trainer(tmp_path, loop_parts)
     lines_before = (tmp_path / "metrics.jsonl").read_text()
     repeat = again.train()
     assert repeat.already_complete and repeat.steps == 2 and [e.step for e in repeat.heldout] == [0, 2]
