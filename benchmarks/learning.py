@@ -24,12 +24,15 @@ t-interval over seeds (which, unlike the bootstrap over questions, counts the no
 that disagree on a fraction d of the paired questions give a standard error of about sqrt(d / n) for n pairs; at
 d = 0.2 (what two trained policies of one seed showed on the math task), telling a 5-point difference at 95%
 with 80% power needs n = (1.96 + 0.84)^2 * 0.2 / 0.05^2 = 627 pairs: 200 held-out questions (the QA config's)
-over 5 seeds give 1,000, 100 math questions over 5 seeds give 500 (a 5.6-point detectable difference).
+over 5 seeds give 1,000, 100 math questions over 5 seeds give 500 (a 5.6-point detectable difference). Over
+seeds, the spread of the per-seed differences decides: on QA seeds 0-4 it was 0.024 (standard deviation), so an
+interval of ±0.023 (the size of the difference seen) takes about 7 seeds.
 
 **The mechanism** (the paper's Fig. 3/4), per RAPO run, means over its steps: the share of hybrid rollouts that got
 a splice and the splices skipped for the budget; reward, response tokens and tool calls of spliced against
 unspliced rollouts; the step entropy before and after a splice (what the retrieval reward scores); rollout and
-update seconds per step. Everything goes to ``benchmarks/results/learning[_quick].json`` and ``.png``.
+update seconds per step. Everything goes to ``benchmarks/results/learning[_quick].json`` and ``.png`` (the curves),
+and ``learning[_quick]_differences.png`` (each method against GRPO, per seed and pooled both ways).
 
     python benchmarks/learning.py                 # the full plan (see --help); resumable
     python benchmarks/learning.py --quick         # QA, 1 seed, RAPO and GRPO, 2 steps, 20 held-out questions
@@ -345,6 +348,42 @@ def plot(runs: list[dict], path: Path, title: str) -> Path:
     return path
 
 
+def plot_differences(comparisons: list[dict], path: Path) -> Path:
+    """A forest plot of each comparison against GRPO: every seed's paired difference with its bootstrap interval
+    over questions, then the two pooled intervals (over question pairs, and over seeds)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    shown = [row for row in comparisons if row["comparison"].endswith(" - GRPO")]
+    figure, axes = plt.subplots(len(shown), 1, figsize=(7.5, 1.2 + 0.28 * sum(row["seeds"] + 2 for row in shown)),
+                                squeeze=False, layout="constrained")
+    for axis, row in zip(axes.flat, shown, strict=True):
+        labels, means, lows, highs = [], [], [], []
+        for seed, difference in row["per_seed"].items():
+            labels.append(f"seed {seed}")
+            means.append(difference["mean"]), lows.append(difference["low"]), highs.append(difference["high"])
+        labels += ["pooled, over questions", "pooled, over seeds"]
+        means += [row["pooled"], row["over seeds"]]
+        lows += [row["CI low"], row["seeds CI low"]]
+        highs += [row["CI high"], row["seeds CI high"]]
+        ys = list(range(len(labels)))[::-1]
+        colours = ["tab:blue"] * row["seeds"] + ["black", "tab:red"]
+        for y, mean, low, high, colour in zip(ys, means, lows, highs, colours, strict=True):
+            axis.errorbar(mean, y, xerr=[[mean - low], [high - mean]], fmt="o", color=colour, capsize=3)
+        axis.axvline(0.0, color="grey", linewidth=0.8)
+        axis.set_yticks(ys, labels, fontsize=7)
+        axis.set_title(f"{row['task']}, {row['setting']}: {row['comparison']} ({row['pairs']} question pairs)",
+                       fontsize=9)
+        axis.set_xlabel("held-out accuracy difference after RL (95% interval)", fontsize=8)
+        axis.grid(axis="x", alpha=0.3)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return path
+
+
 def with_earlier_runs(runs: list[dict], reports: list[str]) -> list[dict]:
     """``runs`` and the runs of earlier reports of this benchmark (``--with-report``), to be tabulated together.
 
@@ -471,6 +510,7 @@ def main() -> None:
                  for r in runs if retrieves(r["method"])]
     name = "learning_quick" if args.quick else "learning"
     picture = plot(runs, RESULTS_DIR / f"{name}.png", "held-out accuracy (greedy), mean and 95% t-interval over seeds")
+    forest = plot_differences(comparisons, RESULTS_DIR / f"{name}_differences.png")
     loads = [r["load_average"] for r in runs]
     report(name, "held-out accuracy after RL, from one shared start per (task, setting, seed)",
            ["task", "setting", "method", "seeds", "before", "after", "±", "gain", "seeds CI>0", "hybrid spliced",
@@ -478,6 +518,7 @@ def main() -> None:
             "s/run"], rows,
            extra={"overrides": overrides, "plan": {key: getattr(args, key) for key in defaults}, "runs": runs,
                   "comparisons": comparisons, "mechanism": mechanism, "plot": str(picture),
+                  "differences_plot": str(forest),
                   "wall_seconds_this_invocation": time.time() - started, "load_average_per_run": loads,
                   "cpu_count": os.cpu_count(), "reported_from_existing_runs": args.report_only})
     from rich.console import Console
@@ -505,7 +546,7 @@ def main() -> None:
     if loads:
         print(f"load average (1 min) at the end of each run: median {statistics.median(loads):.2f} "
               f"(min {min(loads):.2f}, max {max(loads):.2f}) on {os.cpu_count()} cores")
-    print(f"curves: {picture}")
+    print(f"curves: {picture}; differences against GRPO, per seed and pooled: {forest}")
 
 
 if __name__ == "__main__":

@@ -153,7 +153,7 @@ def finished_run(seed: int, method: str, correct: list[float], source: str = "th
             "heldout": [{"step": 0, "correct": [0.0] * len(correct)}, {"step": 10, "correct": correct}]}
 
 
-def test_rapo_against_grpo_is_given_over_question_pairs_and_over_seeds(learning):
+def test_rapo_against_grpo_is_given_over_question_pairs_and_over_seeds(learning, tmp_path):
     runs = [finished_run(0, "GRPO", [0, 0, 1, 1]), finished_run(0, "RAPO", [1, 0, 1, 1]),   # +0.25
             finished_run(1, "GRPO", [1, 0, 0, 0]), finished_run(1, "RAPO", [1, 0, 0, 0]),   # 0
             finished_run(2, "GRPO", [0, 0, 0, 0]), finished_run(2, "RAPO", [1, 1, 0, 0])]   # +0.5
@@ -163,6 +163,8 @@ def test_rapo_against_grpo_is_given_over_question_pairs_and_over_seeds(learning)
     half = 4.303 * 0.25 / 3**0.5  # the per-seed differences 0.25, 0, 0.5 have sd 0.25
     assert (row["seeds CI low"], row["seeds CI high"]) == pytest.approx((0.25 - half, 0.25 + half))
     assert row["CI low"] > row["seeds CI low"]  # the bootstrap over questions leaves out the noise of training
+    forest = learning.plot_differences([row], tmp_path / "differences.png")
+    assert forest.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_seeds_of_an_earlier_report_pool_with_this_runs_but_never_split_across_sources(learning, tmp_path):
