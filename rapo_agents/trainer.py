@@ -313,21 +313,14 @@ class RAPOTrainer:
             return self.checkpoints.save(self.step, self.state_dict(), self.model, self.tokenizer)
 
     def maybe_resume(self) -> Path | None:
-        """Load the newest checkpoint of the run folder that loads, if resuming is on; returns its folder."""
+        """Load the newest checkpoint of the run folder that loads, if resuming is on and it was not saved during
+        the warm-up (`restarts_warm_up`); returns its folder."""
         found = self.checkpoints.load_latest() if self.config.logging.resume else None
-        if found is None:
+        if found is None or restarts_warm_up(*found, self.config.model.path):
             return None
-        folder, state = found
-        if not state["trainer"].get("warmup_done", True):
-            # A warm-up stopped part-way starts again from the model's own weights: continuing it would need its
-            # AdamW moments and episode order, which are not kept (two continued steps with a new optimiser raised
-            # the action NLL from 0.066 to 0.254, and left a QA policy at 0.000 held-out).
-            print(f"{folder} was saved during the warm-up: the warm-up starts again from the model's own weights "
-                  f"(model.path: {self.config.model.path})")
-            return None
-        load_weights(self.model, folder)
-        self.load_state_dict(state)
-        return folder
+        load_weights(self.model, found[0])
+        self.load_state_dict(found[1])
+        return found[0]
 
     def close(self) -> None:
         """Release the rollout envs and their tool workers, or the Ray workers (restarted if training goes on)."""
@@ -346,6 +339,18 @@ class RAPOTrainer:
                                heldout={self.method: [{"step": r.step, **r.metrics} for r in heldout]})
         return TrainResult(steps=self.step, history=history, output_dir=self.output_dir, checkpoint=checkpoint,
                            plot=plot, interrupted=interrupted, heldout=heldout, profile=dict(self.timer.seconds))
+
+def restarts_warm_up(folder: Path, state: dict[str, Any], model_path: str) -> bool:
+    """Whether checkpoint ``folder`` (its trainer ``state``) was saved during the warm-up, so that the warm-up starts
+    again from the model's own weights instead: continuing it would need its AdamW moments and episode order, which
+    are not kept (two steps continued with a new optimiser raised the action NLL from 0.066 to 0.254 and left a QA
+    policy at 0.000 held-out)."""
+    if state["trainer"].get("warmup_done", True):  # a checkpoint without the flag predates the warm-up
+        return False
+    print(f"{folder} was saved during the warm-up: the warm-up starts again from the model's own weights "
+          f"(model.path: {model_path})")
+    return True
+
 
 def count_tasks(make_env: Callable[[], gym.Env]) -> int:
     """The number of questions of the env that ``make_env`` builds (built once, then closed)."""

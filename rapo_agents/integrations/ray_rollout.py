@@ -259,7 +259,9 @@ def serve_retrieval(
 
     The replicas build their retriever with ``retriever_factory`` (e.g. ``lambda: default_retriever()``
     or ``lambda: InProcessRetriever.from_files(...)``) and serve `rapo_buffers.service`'s app, so
-    clients (``StepTraceRetrievalWrapper(env, retriever=url)``) cannot tell it from a plain server.
+    clients (``StepTraceRetrievalWrapper(env, retriever=url)``) cannot tell it from a plain server. On a busy
+    small machine Serve's HTTP proxy can take longer than the 5 s Serve gives it to start, and ``serve.start``
+    fails: set ``RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S=60`` in the environment before Ray starts.
     """
     from ray import serve
 
