@@ -267,18 +267,21 @@ class HeldoutEvaluator:
         self.engine.close()
 
 
+def evaluates(config: TrainConfig, env_kwargs: dict[str, Any] | None) -> bool:
+    """Whether a training run has a held-out evaluation: ``evaluation.enabled``, and the training env's ``gym.make``
+    keyword arguments to pick the held-out split from (a run given its own env factory, ``env_kwargs`` None,
+    evaluates ``data.env_id`` with ``evaluation.heldout_env_kwargs``, or not at all)."""
+    evaluation = config.evaluation
+    return evaluation.enabled and (env_kwargs is not None or bool(evaluation.heldout_env_kwargs))
+
+
 def training_evaluator(env: str | Callable[..., Any], env_kwargs: dict[str, Any] | None, config: TrainConfig,
                        policy: Any) -> HeldoutEvaluator | None:
-    """The held-out evaluator of a training run on ``env`` with ``policy``, or None when ``config`` has none.
-
-    It needs the training env's ``gym.make`` keyword arguments (to pick the held-out split): a run given its own
-    env factory (``env_kwargs`` None) evaluates ``data.env_id`` with ``evaluation.heldout_env_kwargs``, or not at all.
-    """
-    evaluation = config.evaluation
-    if not evaluation.enabled or (env_kwargs is None and not evaluation.heldout_env_kwargs):
+    """The held-out evaluator of a training run on ``env`` with ``policy``, or None when it has none (`evaluates`)."""
+    if not evaluates(config, env_kwargs):
         return None
     return HeldoutEvaluator(config.data.env_id if env_kwargs is None else env, env_kwargs or {}, policy,
-                            config.rollout, evaluation, seed=config.seed)
+                            config.rollout, config.evaluation, seed=config.seed)
 
 
 def evaluate_under(control: RunControl, evaluator: HeldoutEvaluator | None, step: int,

@@ -45,7 +45,7 @@ from rapo_agents.checkpoint import CheckpointManager, load_weights, rng_state, s
 from rapo_agents.config import TrainConfig
 from rapo_agents.heldout import (
     Difference, HeldoutEvaluator, HeldoutResult, HeldoutSchedule, evaluate_under, logged_heldout, paired_difference,
-    training_evaluator)
+    evaluates, training_evaluator)
 from rapo_agents.metrics import MetricsLogger, PhaseTimer, plot_curves, read_history, run_loggers
 from rapo_agents.model import autocast_dtype, pad_token_id, reference_model, trainable_model
 from rapo_agents.rollout import derive_seed, make_env_factory
@@ -179,7 +179,7 @@ class RAPOTrainer:
         with RunFolderLock(self.output_dir):
             resumed = self.maybe_resume()
             logged = logged_heldout(self.output_dir / "eval", self.step) if resumed is not None else []
-            evaluated = not self.config.evaluation.enabled or any(result.step == self.step for result in logged)
+            evaluated = not evaluates(self.config, self._env_kwargs) or any(r.step == self.step for r in logged)
             if resumed is not None and self.step >= self.total_steps and evaluated:
                 return TrainResult(steps=self.step, history=read_history(self.output_dir), output_dir=self.output_dir,
                                    checkpoint=resumed, plot=None, interrupted=False, heldout=logged,
@@ -318,9 +318,10 @@ class RAPOTrainer:
         found = self.checkpoints.load_latest() if self.config.logging.resume else None
         if found is None or restarts_warm_up(*found, self.config.model.path):
             return None
-        load_weights(self.model, found[0])
-        self.load_state_dict(found[1])
-        return found[0]
+        folder, state = found
+        load_weights(self.model, folder)
+        self.load_state_dict(state)
+        return folder
 
     def close(self) -> None:
         """Release the rollout envs and their tool workers, or the Ray workers (restarted if training goes on)."""
@@ -339,6 +340,7 @@ class RAPOTrainer:
                                heldout={self.method: [{"step": r.step, **r.metrics} for r in heldout]})
         return TrainResult(steps=self.step, history=history, output_dir=self.output_dir, checkpoint=checkpoint,
                            plot=plot, interrupted=interrupted, heldout=heldout, profile=dict(self.timer.seconds))
+
 
 def restarts_warm_up(folder: Path, state: dict[str, Any], model_path: str) -> bool:
     """Whether checkpoint ``folder`` (its trainer ``state``) was saved during the warm-up, so that the warm-up starts
