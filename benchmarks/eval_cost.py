@@ -15,12 +15,13 @@ policy). Systems, interleaved over ``--rounds`` rounds (`_rounds.interleaved_rou
   running batch as soon as its tool returns, and leaves when its turn ends.
 
 Reported per system: eval wall time, prompt tokens prefilled and reused per episode, the time inside
-``generate`` and in env steps, generated tokens per episode and the accuracy (which must not move: fp32
-caching is exact, int8 moves within its error). Figures are medians with min-max, beside the load average
-and the CPU model; `benchmarks/results/eval_cost.json` (``eval_cost_<format>.json``) gets them all.
+``generate`` and in env steps, generated tokens per episode and the accuracy (which must not move: the shipped
+evaluation decodes fp32, where caching and batching are exact; int8 moves with them). Figures are medians with
+min-max, beside the load average and the CPU model; `benchmarks/results/eval_cost.json` (``eval_cost_<format>.json``
+for another format) gets them all.
 
-Run: ``nice -n 10 python benchmarks/eval_cost.py`` (``--quick``: 24 questions, 2 rounds; ``--weight-format fp32``
-to see caching leave every verdict as it was).
+Run: ``nice -n 10 python benchmarks/eval_cost.py`` (``--quick``: 24 questions, 2 rounds; ``--weight-format int8``
+for the faster, lossy evaluation).
 """
 
 from __future__ import annotations
@@ -39,7 +40,8 @@ from _report import report
 from _rounds import interleaved_rounds, show, spread
 from rapo_agents.config import load_config
 from rapo_agents.heldout import HeldoutConfig
-from rapo_agents.policies.fast import DEFAULT_PREFIX_CACHE_BYTES, FastPolicy
+from rapo_agents.policies.fast import DEFAULT_PREFIX_CACHE_BYTES
+from rapo_agents.policies.llama_decoder import WEIGHT_FORMATS
 from rapo_agents.policies.prefix_cache import PrefixCache
 from rapo_agents.rollout.engine import make_env_factory
 from rapo_agents.trainer import RAPOTrainer, training_env_kwargs
@@ -53,25 +55,25 @@ SYSTEMS = {"cache off, batch 32, 1 thread, per turn": (0, 32, 1, False),
 
 
 def warmed_up_trainer(questions: int, output_dir: str, weight_format: str | None) -> RAPOTrainer:
-    """The default run's trainer right after its warm-up (retrieval off: evaluation never retrieves), decoding with
-    ``weight_format`` (None: the shipped policy's)."""
+    """The default run's trainer right after its warm-up (retrieval off: evaluation never retrieves), evaluating in
+    ``weight_format`` (None: the shipped `HeldoutConfig.weight_format`)."""
     config = load_config("configs/default.yaml", [
         "retrieval.enabled=false", "logging.progress=false", "logging.tensorboard=false",
-        f"logging.output_dir={output_dir}", f"evaluation.heldout_tasks={questions}"])
+        f"logging.output_dir={output_dir}", f"evaluation.heldout_tasks={questions}",
+        *([f"evaluation.weight_format={weight_format}"] if weight_format else [])])
     trainer = RAPOTrainer(config)
     make_env = make_env_factory(config.data.env_id, training_env_kwargs(config))
     warm_up(trainer.model, trainer.tokenizer, make_env, config.warmup, config.rollout, config.optim, trainer.control,
             seed=config.seed, autocast_dtype=trainer.autocast_dtype)
     trainer.sync_policy()
-    if weight_format is not None:  # before the held-out evaluator is built: it takes the trainer's policy
-        trainer.policy = FastPolicy(trainer.model, trainer.tokenizer, weight_format=weight_format)
     return trainer
 
 
 def evaluate(trainer: RAPOTrainer, cache_bytes: int, batch_size: int, threads: int | None, continuous: bool) -> dict:
     """One held-out evaluation with a fresh prefix store of ``cache_bytes``, decoding ``batch_size`` rows at once on
     ``threads``, as a continuous batch or per turn; its cost per episode."""
-    policy, evaluator = trainer.policy, trainer.heldout
+    evaluator = trainer.heldout
+    policy = evaluator.engine.policy
     policy.prefix_cache = PrefixCache(cache_bytes)
     evaluator.config = dataclasses.replace(evaluator.config, max_batch_size=batch_size, threads=threads)
     evaluator.engine.config = dataclasses.replace(evaluator.engine.config, continuous_batching=continuous)
@@ -96,14 +98,14 @@ def main() -> None:
     parser.add_argument("--questions", type=int, default=100, help="held-out questions (the default run's 100)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="24 questions, 2 rounds")
-    parser.add_argument("--weight-format", choices=["int8", "bf16", "fp32"], default=None,
-                        help="decode with this FastPolicy format (default: the shipped policy's); fp32 shows that "
-                             "caching leaves every verdict as it was")
+    parser.add_argument("--weight-format", choices=WEIGHT_FORMATS, default=None,
+                        help="evaluate in this FastPolicy format (default: the shipped evaluation's, "
+                             f"{SHIPPED.weight_format}); fp32 shows that caching leaves every verdict as it was")
     args = parser.parse_args()
     questions, rounds = (24, 2) if args.quick else (args.questions, args.rounds)
     with tempfile.TemporaryDirectory() as output_dir:
         trainer = warmed_up_trainer(questions, output_dir, args.weight_format)
-        print(f"policy {trainer.policy.name}, {questions} held-out questions, {rounds} rounds")
+        print(f"policy {trainer.heldout.engine.policy.name}, {questions} held-out questions, {rounds} rounds")
         results, loads = interleaved_rounds(
             {name: lambda b=bytes_, s=size, t=threads, c=continuous: evaluate(trainer, b, s, t, c)
              for name, (bytes_, size, threads, continuous) in SYSTEMS.items()},
@@ -126,11 +128,11 @@ def main() -> None:
     load = spread(loads)
     cpu = cpu_facts()["model"]
     columns = [c for c in rows[0] if c != "figures"]
-    name = "eval_cost" if args.weight_format is None else f"eval_cost_{args.weight_format}"
+    name = "eval_cost" if args.weight_format in (None, SHIPPED.weight_format) else f"eval_cost_{args.weight_format}"
     report(name, f"held-out eval of configs/default.yaml after its warm-up, {questions} questions, "
            f"{rounds} rounds, load {show(load, 2)}, {cpu}", columns, rows,
            {"cpu_model": cpu, "load_average": load, "questions": questions, "rounds": rounds,
-            "policy": trainer.policy.name, "threads": trainer.policy.threads})
+            "policy": trainer.heldout.engine.policy.name, "threads": trainer.heldout.engine.policy.threads})
 
 
 if __name__ == "__main__":

@@ -47,7 +47,9 @@ SCRIPTED_NOTE = ("--policy scripted plays fixed turns (it answers \\boxed{0}): a
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from rapo_agents.evaluation import EvalConfig
+    from rapo_agents.heldout import HeldoutConfig
     from rapo_agents.policies.factory import add_policy_arguments
+    from rapo_agents.policies.llama_decoder import WEIGHT_FORMATS
 
     defaults = EvalConfig()
     parser.add_argument("--env", default=defaults.env, help="registered env id")
@@ -55,6 +57,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="JSON dict of gym.make keyword arguments (dataset, split, ...); default: none, or a "
                              "rapo checkpoint's held-out settings")
     add_policy_arguments(parser)
+    parser.add_argument("--weight-format", default=HeldoutConfig.weight_format, choices=WEIGHT_FORMATS,
+                        help="hf fast engine: fp32 (exact, the answers of `rapo train`'s held-out evaluation), int8 "
+                             "or bf16 (faster on CPU; greedy answers can differ where they hang on a near tie)")
     parser.add_argument("--limit", type=int, default=None, help="evaluate the first N questions")
     parser.add_argument("--rollouts", type=int, default=1, help="rollouts per question")
     parser.add_argument("--greedy", action="store_true", help="greedy decoding (temperature 0)")
@@ -201,14 +206,15 @@ def run(args: argparse.Namespace) -> int:
 
 
 def model_label(args: argparse.Namespace) -> str:
-    """What ``--policy``/``--model`` evaluate, as the output file records it."""
+    """What ``--policy``/``--model`` evaluate and (hf) how they decode, as the output file records it."""
     if args.policy == "openai":
         return f"openai:{args.base_url}:{args.model or ''}"
     if args.policy == "scripted":
         return "scripted"
+    decoder = f" (hf engine {args.hf_engine}, weight format {args.weight_format})"
     if args.model is None:
-        return "embedded"
+        return "embedded" + decoder
     from pathlib import Path
 
     folder = Path(args.model).expanduser()
-    return str(folder.resolve()) if folder.exists() else args.model
+    return (str(folder.resolve()) if folder.exists() else args.model) + decoder

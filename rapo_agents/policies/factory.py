@@ -117,11 +117,13 @@ def add_policy_arguments(parser: Any, default: str = "hf", extra_kinds: Sequence
     parser.add_argument("--tokenizer", default=None, help="openai: tokenizer folder of the served model")
     parser.add_argument("--device", default="auto", help="hf: cpu, cuda or auto")
     parser.add_argument("--hf-engine", default="auto", choices=HF_ENGINES,
-                        help="hf: fast (packed int8 decoder, several times faster on CPU), reference (plain "
-                             "transformers, exact log-probs) or auto (fast on CPU)")
+                        help="hf: fast (packed decoder in --weight-format, several times faster on CPU), reference "
+                             "(plain transformers, exact log-probs) or auto (fast on CPU)")
 
 
 def policy_from_args(args: Any):
     """Build the policy that `add_policy_arguments` options describe."""
+    weight_format = getattr(args, "weight_format", None)
     return make_policy(args.policy, args.model, base_url=args.base_url, tokenizer=args.tokenizer, device=args.device,
-                       engine=getattr(args, "hf_engine", "auto"))
+                       engine=getattr(args, "hf_engine", "auto"),
+                       **({"weight_format": weight_format} if args.policy == "hf" and weight_format else {}))

@@ -137,6 +137,19 @@ class FastPolicy(HFPolicy):
         reference = HFPolicy.from_pretrained(path, device=device, dtype=dtype, **model_kwargs)
         return cls(reference.model, reference.tokenizer, max_batch_size=max_batch_size, weight_format=weight_format)
 
+    def in_weight_format(self, weight_format: str) -> FastPolicy:
+        """This policy, or one over the same module (so always current) that decodes in ``weight_format``.
+
+        Held-out evaluation decodes fp32 while rollouts sample int8 (`rapo_agents.heldout.HeldoutConfig`): greedy
+        answers are where int8's rounding shows, as a flipped digit that a copy of a number from the question
+        needs.
+        """
+        if weight_format == self.decoder.weight_format:
+            return self
+        return FastPolicy(self.model, self.tokenizer, max_batch_size=self.max_batch_size,
+                          weight_format=weight_format, recalibrate_every=self.recalibrate_every,
+                          threads=self.threads, prefix_cache_bytes=self.prefix_cache.max_bytes)
+
     # ---- weights ---------------------------------------------------------------------------------
 
     def _weights_version(self) -> int:

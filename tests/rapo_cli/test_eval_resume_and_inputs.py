@@ -156,3 +156,14 @@ def test_a_checkpoint_never_sets_the_sandbox_of_rapo_eval(tmp_path, sandbox):
     settings = trained_settings(str(folder), "RAPO-Math-v0")
     assert settings is not None and settings["env_kwargs"]["split"] == "test"
     assert "sandbox" not in settings["env_kwargs"] and "sandbox" in settings["ignored"]
+
+
+def test_the_fast_engine_evaluates_fp32_by_default_and_a_resume_in_another_weight_format_is_refused(tmp_path):
+    output = str(tmp_path / "eval.jsonl")
+    embedded = ("eval", "--limit", "1", "--max-tokens", "4", "--greedy", "--env-kwargs", ENV_KWARGS, "--output", output)
+    first = rapo(*embedded)
+    assert first.returncode == 0, first.stderr[-2000:]
+    header = json.loads(open(output).readline())["rapo_eval_settings"]
+    assert header["model"] == "embedded (hf engine auto, weight format fp32)"
+    line = one_error_line(rapo(*embedded, "--weight-format", "int8"))
+    assert "weight format int8" in line and "--no-resume" in line
