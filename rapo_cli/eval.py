@@ -35,11 +35,15 @@ EMBEDDED_MAX_TOKENS = 512
 """Default ``--max-tokens`` of the embedded SmolLM2-135M (the training default is 256)."""
 CHECKPOINT_ENV_SETTINGS = frozenset({
     "dataset", "split", "num_tasks", "difficulty", "limit", "ability", "level", "lang", "seed", "system_prompt",
-    "prompt_template", "max_tool_calls", "max_turns", "max_text_length",
+    "prompt_template", "max_tool_calls", "max_turns", "max_text_length", "knowledge_base",
 })
-"""The ``gym.make`` arguments that a checkpoint's run settings may give ``rapo eval``: questions, prompt, tool limit
-and budgets. Everything else (``sandbox``, ``python``, ``search``, ``browse``, ``judge``, ``reward``, paths of
-services or caches) is left at the env's default."""
+"""The ``gym.make`` arguments that a checkpoint's run settings may give ``rapo eval``: questions (a generated knowledge
+base's sizes too), prompt, tool limit and budgets. Everything else (``sandbox``, ``python``, ``browse``, ``judge``,
+``reward``, paths of services or caches, and ``search`` but for `CHECKPOINT_SEARCH_SETTINGS`) is left at the env's
+default."""
+CHECKPOINT_SEARCH_SETTINGS = frozenset({"topk"})
+"""The ``search`` settings a checkpoint may give: how many passages a search shows (what the model was trained to
+read), never where or how the search service is reached."""
 SCRIPTED_NOTE = ("--policy scripted plays fixed turns (it answers \\boxed{0}): a smoke test of the pipeline whose "
                  "accuracy is 0 by design. The scripted expert that solves procedural math is "
                  "`rapo rollout --policy expert`.")
@@ -118,8 +122,14 @@ def trained_settings(model: str | None, env: str) -> dict[str, Any] | None:
     if config is None or config.data.env_id != env:
         return None
     run_kwargs = heldout_env_kwargs(training_env_kwargs(config), config.evaluation)
-    return {"env_kwargs": {k: v for k, v in run_kwargs.items() if k in CHECKPOINT_ENV_SETTINGS},
-            "ignored": sorted(k for k in run_kwargs if k not in CHECKPOINT_ENV_SETTINGS),
+    env_kwargs = {k: v for k, v in run_kwargs.items() if k in CHECKPOINT_ENV_SETTINGS}
+    search = run_kwargs.get("search")
+    shown = {k: v for k, v in search.items() if k in CHECKPOINT_SEARCH_SETTINGS} if isinstance(search, dict) else {}
+    if shown:
+        env_kwargs["search"] = shown
+    return {"env_kwargs": env_kwargs,
+            "ignored": sorted(k for k in run_kwargs if k not in CHECKPOINT_ENV_SETTINGS
+                              and not (k == "search" and shown == search)),
             "budgets": {"max_response_tokens": config.evaluation.max_eval_tokens or config.rollout.max_response_tokens,
                         "max_turn_tokens": config.rollout.max_turn_tokens}}
 

@@ -167,3 +167,19 @@ def test_the_fast_engine_evaluates_fp32_by_default_and_a_resume_in_another_weigh
     assert header["model"] == "embedded (hf engine auto, weight format fp32)"
     line = one_error_line(rapo(*embedded, "--weight-format", "int8"))
     assert "weight format int8" in line and "--no-resume" in line
+
+
+def test_a_qa_checkpoint_gives_rapo_eval_its_knowledge_base_and_passages_per_search_but_no_search_service(tmp_path):
+    from rapo_agents.config import load_config
+    from rapo_cli.eval import trained_settings
+
+    config = load_config("configs/qa.yaml")
+    config.data.env_kwargs.update(search={"topk": 1, "route": "/elsewhere", "timeout_s": 999},
+                                  search_url="http://example.invalid")
+    folder = tmp_path / "step_000001"
+    folder.mkdir()
+    (folder / "trainer_state.json").write_text(json.dumps({"step": 1, "config": config.to_dict()}))
+    settings = trained_settings(str(folder), "RAPO-QA-v0")
+    assert settings["env_kwargs"]["knowledge_base"] == {"questions_per_hop": 100000}
+    assert settings["env_kwargs"]["search"] == {"topk": 1}
+    assert "search_url" not in settings["env_kwargs"] and {"search", "search_url"} <= set(settings["ignored"])
