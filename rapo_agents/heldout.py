@@ -70,7 +70,7 @@ class HeldoutConfig:
     greedy answers, the same on every run and CPU), ``int8`` or ``bf16`` (faster, and lossy where a greedy answer
     hangs on a near tie: after the default run's warm-up, three int8 evaluations of the same weights scored 0.54,
     0.63 and 0.70 where fp32 scored 0.71 every time, docs/training.md "Held-out evaluation"), or None (the rollout
-    policy's own, int8 on CPU). Rollouts sample int8 either way; other policies (vLLM, HTTP) decode their own way."""
+    policy's own, ``rollout.weight_format``). Other policies (vLLM, HTTP) decode their own way."""
     heldout_env_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
     """``gym.make`` keyword arguments of the held-out env on top of the training env's (e.g. a ``dataset`` file
     for a data source that has no ``split``)."""

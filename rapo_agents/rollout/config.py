@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 
 from rapo_agents.policies.base import SamplingParams
+from rapo_agents.policies.llama_decoder import WEIGHT_FORMATS
 
 ROLLOUT_BACKENDS = ("local", "ray")
 """Values of ``backend``: where rollouts run."""
@@ -46,6 +47,11 @@ class RolloutConfig:
     """Nucleus sampling."""
     top_k: int = 0
     """Top-k sampling (0: off)."""
+    weight_format: str | None = None
+    """How the fast CPU policy (`FastPolicy`, ``policy=hf`` with ``backend=local``) stores the weights it samples
+    rollouts with: ``int8`` (fastest; its greedy answers differ from fp32's where a token is a near tie, and RL then
+    partly learns that decoder, docs/training.md "int8 or fp32"), ``bf16`` or ``fp32`` (the trained module's own
+    numbers); None: the fastest this CPU has (int8 where torch has fbgemm). Other policies decode their own way."""
     top_logprobs: int = 10
     """Top log-probs kept per token for the reference entropy estimator (0: skip it)."""
     stop: list[str] | None = None
@@ -95,6 +101,9 @@ class RolloutConfig:
         if self.min_tokens_after_splice < 0:
             raise ValueError(f"min_tokens_after_splice must be >= 0 (0: skip only a splice that does not fit), "
                              f"got {self.min_tokens_after_splice}")
+        if self.weight_format not in (None, *WEIGHT_FORMATS):
+            raise ValueError(f"rollout.weight_format must be one of {WEIGHT_FORMATS} or null (the fastest this CPU "
+                             f"has), got {self.weight_format!r}")
         if self.batch_wait_s is not None and self.batch_wait_s < 0:
             raise ValueError(f"batch_wait_s must be >= 0 or None, got {self.batch_wait_s}")
         if self.backend in POLICY_BACKENDS:
