@@ -183,6 +183,7 @@ def summarize(task: str, setting: str, seed: int, method: str, folder: Path) -> 
             mechanism |= splice_relevance(folder, trajectories)
     return {
         "task": task, "setting": setting, "seed": seed, "method": method, "folder": str(folder),
+        "decoded": decoded_formats(folder),
         "heldout": [{key: value for key, value in evaluation.items()
                      if key in ("step", "correct") or key.startswith("eval/accuracy")} for evaluation in heldout],
         "difference": None if difference is None else vars(difference),
@@ -199,6 +200,26 @@ def summarize(task: str, setting: str, seed: int, method: str, folder: Path) -> 
         "mechanism": mechanism,
         "seconds": done["seconds"], "load_average": done["load_average"],
     }
+
+
+EARLIER_FORMATS = {"rollout": "int8", "evaluation": "int8"}
+"""What runs from before 2026-12-06 decoded with (their reports do not say): int8, the CPU default then."""
+
+
+def decoded_formats(folder: Path) -> dict[str, str]:
+    """The fast CPU decoder's weight format of a run's rollouts and of its held-out evaluation, from its config.
+
+    The evaluation's format changes its accuracy (int8 flips greedy answers at near ties: docs/training.md, "int8 or
+    fp32"), so runs evaluated in different formats are never pooled (`with_earlier_runs`).
+    """
+    import torch
+    import yaml
+
+    from rapo_agents.policies.llama_decoder import default_weight_format
+
+    config = yaml.safe_load((folder / "config.yaml").read_text(encoding="utf-8"))
+    rollout = config["rollout"].get("weight_format") or default_weight_format(torch.device("cpu"))
+    return {"rollout": rollout, "evaluation": config["evaluation"].get("weight_format") or rollout}
 
 
 def splice_relevance(folder: Path, trajectories: list[dict]) -> dict:
@@ -404,9 +425,16 @@ def with_earlier_runs(runs: list[dict], reports: list[str]) -> list[dict]:
         combined += [{**run, "source": run.get("source", path)} for run in saved]
     sources: dict[tuple, str] = {}
     methods: set[tuple] = set()
+    evaluated: dict[tuple, tuple[str, str]] = {}
     for run in combined:
         seed = (run["task"], run["setting"], run["seed"])
         where = f"{run['task']}, {run['setting']}, seed {run['seed']}"
+        formats = run.setdefault("decoded", dict(EARLIER_FORMATS))
+        first_format, first_source = evaluated.setdefault(seed[:2], (formats["evaluation"], run["source"]))
+        if formats["evaluation"] != first_format:
+            raise ValueError(f"{run['task']}, {run['setting']}: {first_source} was evaluated {first_format} and "
+                             f"{run['source']} {formats['evaluation']}; accuracies of different decoders do not "
+                             f"pool: rerun with --set evaluation.weight_format={first_format}, or leave one out")
         if (*seed, run["method"]) in methods:
             raise ValueError(f"{where}: {run['method']} is there twice (from {sources[seed]} and {run['source']})")
         if sources.setdefault(seed, run["source"]) != run["source"]:
@@ -489,6 +517,8 @@ def main() -> None:
             after, half = mean_and_interval([r["heldout"][-1]["eval/accuracy"] for r in chosen])
             rows.append({
                 "task": task, "setting": setting, "method": method, "seeds": len(chosen),
+                "decoded": ", ".join(sorted({f"{r['decoded']['rollout']}/{r['decoded']['evaluation']}"
+                                             for r in chosen})),
                 "before": nanmean(r["heldout"][0]["eval/accuracy"] for r in chosen), "after": after, "±": half,
                 "gain": nanmean(r["difference"]["mean"] for r in chosen if r["difference"]),
                 "seeds CI>0": sum(1 for r in chosen if r["difference"] and r["difference"]["low"] > 0),
@@ -513,7 +543,7 @@ def main() -> None:
     forest = plot_differences(comparisons, RESULTS_DIR / f"{name}_differences.png")
     loads = [r["load_average"] for r in runs]
     report(name, "held-out accuracy after RL, from one shared start per (task, setting, seed)",
-           ["task", "setting", "method", "seeds", "before", "after", "±", "gain", "seeds CI>0", "hybrid spliced",
+           ["task", "setting", "method", "seeds", "decoded", "before", "after", "±", "gain", "seeds CI>0", "hybrid spliced",
             "skipped splices", "reward > -1", "updates", "rollout s/step", "update s/step", "sampler KL", "truncated",
             "s/run"], rows,
            extra={"overrides": overrides, "plan": {key: getattr(args, key) for key in defaults}, "runs": runs,

@@ -72,6 +72,12 @@ def test_every_method_of_a_seed_resumes_from_one_shared_warm_up(learning, tiny_m
     assert {"spliced_reward", "within_group_spliced_minus_unspliced_reward", "onpolicy_accuracy",
             "hybrid_unspliced_accuracy"} <= set(runs[1]["mechanism"])
     assert runs[0]["heldout"][0] == runs[1]["heldout"][0]
+    import torch
+
+    from rapo_agents.policies.llama_decoder import default_weight_format
+
+    # What decoded the rollouts (the CPU's fastest, by default) and the evaluation (fp32, by default), recorded.
+    assert runs[0]["decoded"] == {"rollout": default_weight_format(torch.device("cpu")), "evaluation": "fp32"}
     (comparison,) = learning.against(runs, "RAPO", "GRPO")
     assert comparison["seeds"] == 1 and comparison["pairs"] == 3
 
@@ -187,6 +193,18 @@ def test_seeds_of_an_earlier_report_pool_with_this_runs_but_never_split_across_s
     report.write_text("{not json")
     with pytest.raises(ValueError, match="not a report of this benchmark"):
         learning.with_earlier_runs(mine, [str(report)])
+
+
+def test_runs_evaluated_by_different_decoders_are_never_pooled(learning, tmp_path):
+    report = tmp_path / "learning_qa_int8.json"  # an earlier report: its runs do not say, and were int8
+    report.write_text(json.dumps({"runs": [finished_run(0, "GRPO", [0, 1]), finished_run(0, "RAPO", [1, 1])]}))
+    mine = [{**finished_run(1, method, [1, 0], "runs/learning/full"),
+             "decoded": {"rollout": "int8", "evaluation": "fp32"}} for method in ("GRPO", "RAPO")]
+    with pytest.raises(ValueError, match="was evaluated fp32 and .* int8.*evaluation.weight_format=fp32"):
+        learning.with_earlier_runs(mine, [str(report)])
+    for run in mine:
+        run["decoded"]["evaluation"] = "int8"
+    assert len(learning.with_earlier_runs(mine, [str(report)])) == 4
 
 
 def test_a_report_of_nothing_finished_says_what_to_run(learning, tmp_path, monkeypatch, capsys):
