@@ -543,9 +543,9 @@ def main() -> None:
     forest = plot_differences(comparisons, RESULTS_DIR / f"{name}_differences.png")
     loads = [r["load_average"] for r in runs]
     report(name, "held-out accuracy after RL, from one shared start per (task, setting, seed)",
-           ["task", "setting", "method", "seeds", "decoded", "before", "after", "±", "gain", "seeds CI>0", "hybrid spliced",
-            "skipped splices", "reward > -1", "updates", "rollout s/step", "update s/step", "sampler KL", "truncated",
-            "s/run"], rows,
+           ["task", "setting", "method", "seeds", "decoded", "before", "after", "±", "gain", "seeds CI>0",
+            "hybrid spliced", "skipped splices", "reward > -1", "updates", "rollout s/step", "update s/step",
+            "sampler KL", "truncated", "s/run"], rows,
            extra={"overrides": overrides, "plan": {key: getattr(args, key) for key in defaults}, "runs": runs,
                   "comparisons": comparisons, "mechanism": mechanism, "plot": str(picture),
                   "differences_plot": str(forest),
