@@ -67,7 +67,8 @@ class HeldoutConfig:
     beside an evaluation."""
     weight_format: str | None = "fp32"
     """How the fast CPU policy (`FastPolicy`) decodes the evaluation: ``fp32`` (exact: the trained weights' own
-    greedy answers, the same on every run and CPU), ``int8`` or ``bf16`` (faster, and lossy where a greedy answer
+    greedy answers, the same on every run; another CPU's float32 kernels differ only in the last bits, so
+    only a tie within float32 rounding could flip there), ``int8`` or ``bf16`` (faster, and lossy where a greedy answer
     hangs on a near tie: after the default run's warm-up, three int8 evaluations of the same weights scored 0.54,
     0.63 and 0.70 where fp32 scored 0.71 every time, docs/training.md "Held-out evaluation"), or None (the rollout
     policy's own, ``rollout.weight_format``). Other policies (vLLM, HTTP) decode their own way."""
