@@ -86,9 +86,8 @@ class LocalBackend:
             return self._vllm_policy_factory()()
         from rapo_agents.policies.factory import policy_for_model
 
-        weight_format = self.config.rollout.weight_format
         return policy_for_model(self.model, self.tokenizer,  # FastPolicy on CPU (issue #19)
-                                **({"weight_format": weight_format} if weight_format else {}))
+                                weight_format=self.config.rollout.weight_format)
 
     def make_retriever(self) -> Any:
         """The retriever of hybrid rollouts that ``retrieval.retriever`` names."""

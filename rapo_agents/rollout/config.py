@@ -38,6 +38,11 @@ class RolloutConfig:
     policy: str = "hf"
     """The model backend that generates: ``hf`` (transformers; the CPU default, locally it shares the trainer's
     model) or ``vllm`` (GPU, weights synced each step)."""
+    weight_format: str | None = None
+    """How the fast CPU policy (`FastPolicy`, ``policy=hf`` with ``backend=local``) stores the weights it samples
+    rollouts with: ``int8`` (fastest; its greedy answers differ from fp32's where a token is a near tie, and RL then
+    partly learns that decoder, docs/training.md "int8 or fp32"), ``bf16`` or ``fp32`` (the trained module's own
+    numbers); None: the fastest this CPU has (int8 where torch has fbgemm). Other policies decode their own way."""
     rollout_n: int = 1
     """``ROLLOUT_N``, G: rollouts per question (the group of the advantages; the paper uses 16); rollout i is
     reset with ``rollout_index=i``."""
@@ -47,11 +52,6 @@ class RolloutConfig:
     """Nucleus sampling."""
     top_k: int = 0
     """Top-k sampling (0: off)."""
-    weight_format: str | None = None
-    """How the fast CPU policy (`FastPolicy`, ``policy=hf`` with ``backend=local``) stores the weights it samples
-    rollouts with: ``int8`` (fastest; its greedy answers differ from fp32's where a token is a near tie, and RL then
-    partly learns that decoder, docs/training.md "int8 or fp32"), ``bf16`` or ``fp32`` (the trained module's own
-    numbers); None: the fastest this CPU has (int8 where torch has fbgemm). Other policies decode their own way."""
     top_logprobs: int = 10
     """Top log-probs kept per token for the reference entropy estimator (0: skip it)."""
     stop: list[str] | None = None
