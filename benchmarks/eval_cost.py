@@ -38,35 +38,18 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # see tests/conftest.py: sp
 from _machine import cpu_facts
 from _report import report
 from _rounds import interleaved_rounds, show, spread
-from rapo_agents.config import load_config
+from _warm import warmed_up_trainer
 from rapo_agents.heldout import HeldoutConfig
 from rapo_agents.policies.fast import DEFAULT_PREFIX_CACHE_BYTES
 from rapo_agents.policies.llama_decoder import WEIGHT_FORMATS
 from rapo_agents.policies.prefix_cache import PrefixCache
-from rapo_agents.rollout.engine import make_env_factory
-from rapo_agents.trainer import RAPOTrainer, training_env_kwargs
-from rapo_agents.warmup import warm_up
+from rapo_agents.trainer import RAPOTrainer
 
 SHIPPED = HeldoutConfig()
 SYSTEMS = {"cache off, batch 32, 1 thread, per turn": (0, 32, 1, False),
            "shipped, per turn": (DEFAULT_PREFIX_CACHE_BYTES, SHIPPED.max_batch_size, SHIPPED.threads, False),
            "shipped": (DEFAULT_PREFIX_CACHE_BYTES, SHIPPED.max_batch_size, SHIPPED.threads, True)}
 """name -> (prefix cache bytes, evaluation max_batch_size, evaluation threads, continuous batching)."""
-
-
-def warmed_up_trainer(questions: int, output_dir: str, weight_format: str | None) -> RAPOTrainer:
-    """The default run's trainer right after its warm-up (retrieval off: evaluation never retrieves), evaluating in
-    ``weight_format`` (None: the shipped `HeldoutConfig.weight_format`)."""
-    config = load_config("configs/default.yaml", [
-        "retrieval.enabled=false", "logging.progress=false", "logging.tensorboard=false",
-        f"logging.output_dir={output_dir}", f"evaluation.heldout_tasks={questions}",
-        *([f"evaluation.weight_format={weight_format}"] if weight_format else [])])
-    trainer = RAPOTrainer(config)
-    make_env = make_env_factory(config.data.env_id, training_env_kwargs(config))
-    warm_up(trainer.model, trainer.tokenizer, make_env, config.warmup, config.rollout, config.optim, trainer.control,
-            seed=config.seed, autocast_dtype=trainer.autocast_dtype)
-    trainer.sync_policy()
-    return trainer
 
 
 def evaluate(trainer: RAPOTrainer, cache_bytes: int, batch_size: int, threads: int | None, continuous: bool) -> dict:
@@ -104,7 +87,10 @@ def main() -> None:
     args = parser.parse_args()
     questions, rounds = (24, 2) if args.quick else (args.questions, args.rounds)
     with tempfile.TemporaryDirectory() as output_dir:
-        trainer = warmed_up_trainer(questions, output_dir, args.weight_format)
+        # retrieval off: evaluation never retrieves
+        trainer = warmed_up_trainer("configs/default.yaml", output_dir, [
+            "retrieval.enabled=false", f"evaluation.heldout_tasks={questions}",
+            *([f"evaluation.weight_format={args.weight_format}"] if args.weight_format else [])])
         print(f"policy {trainer.heldout.engine.policy.name}, {questions} held-out questions, {rounds} rounds")
         results, loads = interleaved_rounds(
             {name: lambda b=bytes_, s=size, t=threads, c=continuous: evaluate(trainer, b, s, t, c)

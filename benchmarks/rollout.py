@@ -17,6 +17,11 @@ a load swing hits both sides; figures are medians with min-max, beside the load 
    against the local engine at the same concurrency. Every engine first plays one warm-up group, so
    Ray's cluster and actor start-up (reported apart) is not counted in episodes/s. Skipped with
    ``--no-ray`` or when the ``[ray]`` extra is missing.
+5. Repeatability: the rollout policy of ``configs/qa.yaml`` after its warm-up (`_warm`) playing its knowledge-base
+   questions (its env, search tool and rollout settings), each run from an empty prefix cache as a fresh process
+   starts: episodes rejoining the running batch ``rollout.rejoin_delay_steps`` decode steps after their turn
+   (shipped) against rejoining as soon as their tool returns. Wall time, waits for late tools, and how many
+   episodes repeat the system's first round to the last bit (tokens and log-probs).
 
 Run: ``python benchmarks/rollout.py`` (``--quick`` for a small run). Writes
 ``benchmarks/results/rollout.json`` and ``rollout.png``.
@@ -25,6 +30,7 @@ Run: ``python benchmarks/rollout.py`` (``--quick`` for a small run). Writes
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 import os
 import statistics
@@ -209,6 +215,43 @@ def part_overlap(model_policy, quick: bool, rounds: int) -> list[dict]:
     return rows
 
 
+def part_repeat(quick: bool, rounds: int) -> list[dict]:
+    import tempfile
+
+    from _warm import warmed_up_trainer
+    from rapo_agents.trainer import training_env_kwargs
+
+    questions = 4 if quick else 16
+    with tempfile.TemporaryDirectory() as output_dir:
+        trainer = warmed_up_trainer("configs/qa.yaml", output_dir, ["retrieval.enabled=false"])
+    config, policy = trainer.config, trainer.policy
+    env_kwargs = training_env_kwargs(config)
+
+    def run(rejoin_delay_steps: int | None) -> dict:
+        policy.prefix_cache.clear()  # what a fresh process starts from
+        rollout = dataclasses.replace(config.rollout, rejoin_delay_steps=rejoin_delay_steps)
+        with RolloutEngine(config.data.env_id, policy, rollout, env_kwargs=env_kwargs) as engine:
+            trajectories = engine.run(list(range(questions)), seed=7)
+            return {**engine.stats.as_dict(), "episodes": [(t.token_ids, t.logprobs) for t in trajectories]}
+
+    shipped = RolloutConfig().rejoin_delay_steps
+    systems = {f"rejoin {shipped} steps after the turn (shipped)": lambda: run(shipped),
+               "rejoin when the tool returns": lambda: run(None)}
+    results, loads = interleaved_rounds(systems, rounds)
+    rows = []
+    for name, runs in results.items():
+        first = runs[0]["episodes"]
+        repeats = [sum(a == b for a, b in zip(first, r["episodes"], strict=True)) for r in runs[1:]]
+        rows.append({"part": f"repeatability ({name})", "engine": policy.name, "episodes": len(first),
+                     "tool_calls": show(spread([r["tool_calls"] for r in runs]), 0),
+                     "wall_s": show(spread([r["wall_s"] for r in runs]), 2),
+                     "generate_s": show(spread([r["generate_s"] for r in runs]), 2),
+                     "tool_wait_s": show(spread([r["wait_s"] for r in runs]), 2),
+                     "repeats_first_round": " ".join(f"{count}/{len(first)}" for count in repeats),
+                     "load": show(spread(loads))})
+    return rows
+
+
 def plot(rows: list[dict]) -> Path | None:
     try:
         import matplotlib
@@ -261,9 +304,11 @@ def main(argv: list[str] | None = None) -> int:
         print("Ray column skipped (--no-ray, or the [ray] extra is not installed)")
     else:
         rows += part_ray(args.quick, rounds)
+    rows += part_repeat(args.quick, rounds)
     columns = ["part", "engine", "workers", "concurrency", "episodes", "engine_episodes_per_s",
                "engine_tool_calls_per_s", "naive_episodes_per_s", "batch1_tokens_per_s", "batch8_tokens_per_s",
-               "wall_s", "startup_s", "generate_s", "tool_wait_s", "generation_share", "speedup", "load"]
+               "tool_calls", "wall_s", "startup_s", "generate_s", "tool_wait_s", "generation_share", "speedup",
+               "repeats_first_round", "load"]
     picture = plot(rows)
     report("rollout", f"rollout engine: medians (min-max) over {rounds} interleaved rounds, load average beside",
            columns, rows, extra={"quick": args.quick, "rounds": rounds, "torch_threads": args.threads,

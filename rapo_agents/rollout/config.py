@@ -80,6 +80,12 @@ class RolloutConfig:
     """With ``overlap`` and a policy that has a running batch (`FastPolicy`, the CPU default): an episode joins the
     decode batch as soon as its tool returns and leaves it when its turn ends (False: each set of ready episodes
     is decoded as one batch, to its longest row, and ``batch_wait_s`` applies)."""
+    rejoin_delay_steps: int | None = 2
+    """With continuous batching: decode steps the batch runs between the end of an episode's turn and that
+    episode's rejoining with its tool result (the batch waits there for a tool still running). Which rows decode
+    together then never depends on how long tools take, so a run repeats exactly, to the last bit of every
+    log-prob (int8 or fp32 attention rounds differently when a row's batch or cache columns change). None: an
+    episode rejoins as soon as its tool returns (no waits, but the tokens depend on the tools' timing)."""
     batch_wait_s: float | None = None
     """With ``overlap``, how long to wait for running tools to join a generation batch. None: adaptive,
     half the mean duration of a generate call, so that slow generation (HF on CPU, where a batch of 8
@@ -104,6 +110,9 @@ class RolloutConfig:
         if self.weight_format not in (None, *WEIGHT_FORMATS):
             raise ValueError(f"rollout.weight_format must be one of {WEIGHT_FORMATS} or null (the fastest this CPU "
                              f"has), got {self.weight_format!r}")
+        if self.rejoin_delay_steps is not None and self.rejoin_delay_steps < 0:
+            raise ValueError(f"rejoin_delay_steps must be >= 0 or None (rejoin when the tool returns), "
+                             f"got {self.rejoin_delay_steps}")
         if self.batch_wait_s is not None and self.batch_wait_s < 0:
             raise ValueError(f"batch_wait_s must be >= 0 or None, got {self.batch_wait_s}")
         if self.backend in POLICY_BACKENDS:

@@ -9,6 +9,11 @@ How ready episodes are decoded: with a policy that has a running batch (`FastPol
 ``overlap`` and ``continuous_batching`` on, a ready episode joins the batch at its next token and leaves it when
 its turn ends, while the env steps of others run; otherwise each set of ready episodes is one `Policy.generate`
 call, decoded to its longest row.
+
+With a running batch, an episode rejoins it a fixed number of decode steps after its turn ended
+(``rejoin_delay_steps``), not when its tool happens to return: the batch waits for a tool that is late. So the rows
+that decode together, and every token and log-prob of a run, depend only on the run's seed and inputs, never on the
+tools' timing. Episodes whose results come back together are taken in group and rollout order.
 """
 
 from __future__ import annotations
@@ -115,6 +120,10 @@ class Scheduler:
         self.stepping: dict[cf.Future, Episode] = {}
         self.batch: ContinuousBatch | None = None
         """The running decode batch, while `run` plays with one."""
+        self.clock = 0
+        """Decode steps of the running batch so far (the time that rejoining counts in)."""
+        self.rejoin_at: dict[cf.Future, int] = {}
+        """The decode step at which each running env step's episode rejoins the batch (``rejoin_delay_steps``)."""
         self.progress = _progress(stats.episodes, self.config.show_progress)
 
     def run(self) -> list[Trajectory]:
@@ -148,10 +157,39 @@ class Scheduler:
             self.ready.append(episode)
 
     def collect_env_steps(self) -> None:
-        """Take the results of finished env steps: with ``overlap``, the fast ones while others are ready to
-        generate (or the first one when none is); without it, every step of the round."""
+        """Take the results of env steps: with a running batch, those whose episodes rejoin at this decode step
+        (`_rejoining`); else with ``overlap``, the fast ones while others are ready to generate (or the first one
+        when none is); without it, every step of the round."""
         if not self.stepping:
             return
+        wait_from = time.perf_counter()
+        if self.batch is not None and self.config.rejoin_delay_steps is not None:
+            done = self._rejoining()
+        else:
+            done = self._finished_env_steps()
+        self.stats.wait_s += time.perf_counter() - wait_from
+        for future in sorted(done, key=self._rejoin_order):
+            episode = self.stepping.pop(future)
+            self.rejoin_at.pop(future, None)
+            self._after_step(episode, *future.result())
+            if episode.done:
+                self._finish(episode)
+            else:
+                self.ready.append(episode)
+
+    def _rejoining(self) -> list[cf.Future]:
+        """The env steps whose episodes rejoin the batch at this decode step, once they are done (waited for).
+
+        With nothing to decode meanwhile, the clock moves on to the next step at which an episode rejoins.
+        """
+        if not self.batch and not self.ready:
+            self.clock = max(self.clock, min(self.rejoin_at.values()))
+        due = [future for future in self.stepping if self.rejoin_at[future] <= self.clock]
+        cf.wait(due, return_when=cf.ALL_COMPLETED)
+        return due
+
+    def _finished_env_steps(self) -> set[cf.Future]:
+        """The env steps done by now, as the scheduling mode says how long to wait for them."""
         if self.batch is not None:  # decoding goes on while tools run: wait only when there is nothing to decode
             timeout, when = (0 if self.batch or self.ready else None), cf.FIRST_COMPLETED
         elif self.config.overlap and self.ready:  # let fast tools join this batch, not slow ones
@@ -160,16 +198,11 @@ class Scheduler:
             timeout, when = None, cf.FIRST_COMPLETED
         else:  # strict rounds: every tool of the round first
             timeout, when = None, cf.ALL_COMPLETED
-        wait_from = time.perf_counter()
-        done, _ = cf.wait(list(self.stepping), timeout=timeout, return_when=when)
-        self.stats.wait_s += time.perf_counter() - wait_from
-        for future in done:
-            episode = self.stepping.pop(future)
-            self._after_step(episode, *future.result())
-            if episode.done:
-                self._finish(episode)
-            else:
-                self.ready.append(episode)
+        return cf.wait(list(self.stepping), timeout=timeout, return_when=when).done
+
+    def _rejoin_order(self, future: cf.Future) -> tuple[int, int, int]:
+        episode = self.stepping[future]
+        return self.rejoin_at.get(future, 0), episode.group_index, episode.rollout_index
 
     def generate(self) -> None:
         """One batched generation over the ready episodes; each then steps its env (or ends, or branches)."""
@@ -194,6 +227,7 @@ class Scheduler:
         finished = batch.step()
         self.stats.generate_s += time.perf_counter() - started
         self.stats.generate_calls += 1
+        self.clock += 1
         for episode, generation in finished:
             self._after_generation(episode, generation)
 
@@ -216,7 +250,10 @@ class Scheduler:
         self.episodes.extend(branches)
         self.ready.extend(branches)
         if episode.add_generation(generation, self.settings.vocab_size):
-            self.stepping[self.settings.pool.submit(_step_env, episode, generation.text)] = episode
+            future = self.settings.pool.submit(_step_env, episode, generation.text)
+            self.stepping[future] = episode
+            if self.batch is not None and self.config.rejoin_delay_steps is not None:
+                self.rejoin_at[future] = self.clock + self.config.rejoin_delay_steps
         else:
             self._finish(episode)
 
