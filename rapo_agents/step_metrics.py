@@ -83,6 +83,9 @@ def engine_metrics(stats: RolloutStats, rollout_seconds: float, episodes: int) -
         "time/rollout_s": rollout_seconds,
         "time/generate_s": stats.generate_s,
         "time/env_step_s": stats.env_step_s,
+        # the rollout's waits for tools with nothing to decode, or still running when their episode was due to
+        # rejoin the batch (`RolloutConfig.rejoin_delay_steps`)
+        "time/tool_wait_s": stats.wait_s,
         "throughput/generate_tokens_per_s": stats.generated_tokens / max(stats.generate_s, 1e-9),
         "throughput/episodes_per_s": episodes / max(rollout_seconds, 1e-9),
         "rollout/branches": float(stats.branches),

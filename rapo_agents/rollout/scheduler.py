@@ -53,7 +53,8 @@ class RolloutStats:
     env_step_s: float = 0.0
     """Summed time of all env steps (tool calls, retrieval), across threads."""
     wait_s: float = 0.0
-    """Time the main thread waited for env steps with nothing to generate."""
+    """Time the main thread waited for env steps: with nothing to generate, or (continuous batching) for a tool
+    still running when its episode was due to rejoin the batch."""
     generate_calls: int = 0
     """``policy.generate`` calls, or decode steps of a continuous batch."""
     generated_tokens: int = 0
