@@ -85,7 +85,9 @@ class RolloutConfig:
     episode's rejoining with its tool result (the batch waits there for a tool still running). Which rows decode
     together then never depends on how long tools take, so a run repeats exactly, to the last bit of every
     log-prob (int8 or fp32 attention rounds differently when a row's batch or cache columns change). None: an
-    episode rejoins as soon as its tool returns (no waits, but the tokens depend on the tools' timing)."""
+    episode rejoins as soon as its tool returns (no waits, but the tokens depend on the tools' timing): the setting
+    for tools slower than a few decode steps, such as live web search and browsing (seconds a call, and answers
+    that change anyway), where waiting would idle the batch."""
     batch_wait_s: float | None = None
     """With ``overlap``, how long to wait for running tools to join a generation batch. None: adaptive,
     half the mean duration of a generate call, so that slow generation (HF on CPU, where a batch of 8
