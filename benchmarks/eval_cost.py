@@ -11,8 +11,11 @@ policy). Systems, interleaved over ``--rounds`` rounds (`_rounds.interleaved_rou
 - ``shipped, per turn``: the default `PrefixCache` (`rapo_agents.policies.fast.DEFAULT_PREFIX_CACHE_BYTES`) and the
   evaluation's own decoding settings (`HeldoutConfig`: ``max_batch_size`` 64, ``threads`` None, the process's own,
   every core), each set of ready episodes still decoded as one batch to its longest row;
-- ``shipped``: the same with the continuous batch (`rapo_agents.policies.continuous`): an episode joins the
-  running batch as soon as its tool returns, and leaves when its turn ends.
+- ``shipped``: the same with the continuous batch (`rapo_agents.policies.continuous`): an episode rejoins the
+  running batch ``rollout.rejoin_delay_steps`` decode steps after its turn ended (so the run repeats exactly), and
+  leaves when its turn ends;
+- ``shipped, rejoin when the tool returns``: the same, joining as soon as the tool returns
+  (``rejoin_delay_steps=None``, what the continuous batch did before the delay; its tokens depend on tool timing).
 
 Reported per system: eval wall time, prompt tokens prefilled and reused per episode, the time inside
 ``generate`` and in env steps, generated tokens per episode and the accuracy (which must not move: the shipped
@@ -43,23 +46,30 @@ from rapo_agents.heldout import HeldoutConfig
 from rapo_agents.policies.fast import DEFAULT_PREFIX_CACHE_BYTES
 from rapo_agents.policies.llama_decoder import WEIGHT_FORMATS
 from rapo_agents.policies.prefix_cache import PrefixCache
+from rapo_agents.rollout.config import RolloutConfig
 from rapo_agents.trainer import RAPOTrainer
 
 SHIPPED = HeldoutConfig()
-SYSTEMS = {"cache off, batch 32, 1 thread, per turn": (0, 32, 1, False),
-           "shipped, per turn": (DEFAULT_PREFIX_CACHE_BYTES, SHIPPED.max_batch_size, SHIPPED.threads, False),
-           "shipped": (DEFAULT_PREFIX_CACHE_BYTES, SHIPPED.max_batch_size, SHIPPED.threads, True)}
-"""name -> (prefix cache bytes, evaluation max_batch_size, evaluation threads, continuous batching)."""
+DELAY = RolloutConfig().rejoin_delay_steps
+SYSTEMS = {"cache off, batch 32, 1 thread, per turn": (0, 32, 1, False, DELAY),
+           "shipped, per turn": (DEFAULT_PREFIX_CACHE_BYTES, SHIPPED.max_batch_size, SHIPPED.threads, False, DELAY),
+           "shipped": (DEFAULT_PREFIX_CACHE_BYTES, SHIPPED.max_batch_size, SHIPPED.threads, True, DELAY),
+           "shipped, rejoin when the tool returns": (DEFAULT_PREFIX_CACHE_BYTES, SHIPPED.max_batch_size,
+                                                     SHIPPED.threads, True, None)}
+"""name -> (prefix cache bytes, evaluation max_batch_size, evaluation threads, continuous batching, rejoin delay)."""
 
 
-def evaluate(trainer: RAPOTrainer, cache_bytes: int, batch_size: int, threads: int | None, continuous: bool) -> dict:
+def evaluate(trainer: RAPOTrainer, cache_bytes: int, batch_size: int, threads: int | None, continuous: bool,
+             rejoin_delay_steps: int | None) -> dict:
     """One held-out evaluation with a fresh prefix store of ``cache_bytes``, decoding ``batch_size`` rows at once on
-    ``threads``, as a continuous batch or per turn; its cost per episode."""
+    ``threads``, as a continuous batch (episodes rejoining ``rejoin_delay_steps`` after their turn) or per turn; its
+    cost per episode."""
     evaluator = trainer.heldout
     policy = evaluator.engine.policy
     policy.prefix_cache = PrefixCache(cache_bytes)
     evaluator.config = dataclasses.replace(evaluator.config, max_batch_size=batch_size, threads=threads)
-    evaluator.engine.config = dataclasses.replace(evaluator.engine.config, continuous_batching=continuous)
+    evaluator.engine.config = dataclasses.replace(evaluator.engine.config, continuous_batching=continuous,
+                                                  rejoin_delay_steps=rejoin_delay_steps)
     before = policy.prefill_stats.as_dict()
     result = evaluator.evaluate(0, show_progress=False)
     stats, after = evaluator.engine.stats, policy.prefill_stats.as_dict()
@@ -69,7 +79,8 @@ def evaluate(trainer: RAPOTrainer, cache_bytes: int, batch_size: int, threads: i
         "prompt_tokens": (after["prompt_tokens"] - before["prompt_tokens"]) / episodes,
         "prefilled_tokens": (after["prefilled_tokens"] - before["prefilled_tokens"]) / episodes,
         "reused_tokens": (after["reused_tokens"] - before["reused_tokens"]) / episodes,
-        "generate_s": stats.generate_s, "env_step_s": stats.env_step_s, "generate_calls": stats.generate_calls,
+        "generate_s": stats.generate_s, "env_step_s": stats.env_step_s, "tool_wait_s": stats.wait_s,
+        "generate_calls": stats.generate_calls,
         "generated_tokens": stats.generated_tokens / episodes,
         "accuracy": result.metrics["eval/accuracy"], "tool_calls": result.metrics["eval/tool_calls"],
         "correct": result.correct,
@@ -93,8 +104,8 @@ def main() -> None:
             *([f"evaluation.weight_format={args.weight_format}"] if args.weight_format else [])])
         print(f"policy {trainer.heldout.engine.policy.name}, {questions} held-out questions, {rounds} rounds")
         results, loads = interleaved_rounds(
-            {name: lambda b=bytes_, s=size, t=threads, c=continuous: evaluate(trainer, b, s, t, c)
-             for name, (bytes_, size, threads, continuous) in SYSTEMS.items()},
+            {name: lambda b=bytes_, s=size, t=threads, c=continuous, d=delay: evaluate(trainer, b, s, t, c, d)
+             for name, (bytes_, size, threads, continuous, delay) in SYSTEMS.items()},
             rounds)
         trainer.heldout.close()
     reference = results[next(iter(SYSTEMS))][0]["correct"]
@@ -107,6 +118,7 @@ def main() -> None:
                      "prefilled tok/episode": show(figures["prefilled_tokens"], 0),
                      "reused tok/episode": show(figures["reused_tokens"], 0),
                      "generate s": show(figures["generate_s"]), "env step s": show(figures["env_step_s"]),
+                     "tool wait s": show(figures["tool_wait_s"]),
                      "generate calls or steps": show(figures["generate_calls"], 0),
                      "generated tok/episode": show(figures["generated_tokens"], 0),
                      "accuracy": show(figures["accuracy"], 3), "same verdicts": f"{agree}/{len(reference)}",
