@@ -20,10 +20,11 @@ a load swing hits both sides; figures are medians with min-max, beside the load 
 5. Repeatability: the rollout policy of ``configs/qa.yaml`` after its warm-up (`_warm`) playing its knowledge-base
    questions (its env, search tool and rollout settings), each run from an empty prefix cache as a fresh process
    starts: episodes rejoining the running batch ``rollout.rejoin_delay_steps`` decode steps after their turn
-   (shipped) against rejoining as soon as their tool returns. Wall time, waits for late tools, and how many
-   episodes repeat the system's first round to the last bit (tokens and log-probs).
+   (shipped) against rejoining as soon as their tool returns, on torch's default threads as `rapo train` decodes
+   (not ``--threads``: how often a tool returns after the next decode step depends on it). Wall time, waits for
+   late tools, and how many episodes repeat the system's first round to the last bit (tokens and log-probs).
 
-Run: ``python benchmarks/rollout.py`` (``--quick`` for a small run). Writes
+Run: ``python benchmarks/rollout.py`` (``--quick`` for a small run, ``--parts 5`` for one part). Writes
 ``benchmarks/results/rollout.json`` and ``rollout.png``.
 """
 
@@ -289,22 +290,27 @@ def main(argv: list[str] | None = None) -> int:
                         help="torch CPU threads; 1 avoids OpenMP spin contention when other processes share the cores "
                              "(on a busy 2-core machine SmolLM2 decodes ~6x faster with 1 thread than with 2)")
     parser.add_argument("--no-ray", action="store_true", help="skip the Ray column (part 4)")
+    parser.add_argument("--parts", default="1,2,3,4,5", help="which parts to run, e.g. 5 (default: all)")
     parser.add_argument("--rounds", type=int, default=None, help="interleaved rounds per comparison (default 3, "
                                                                  "2 with --quick)")
     args = parser.parse_args(argv)
     import torch
 
+    parts = {int(part) for part in args.parts.split(",")}
+    training_threads = torch.get_num_threads()  # what `rapo train` decodes on: torch's own default
     torch.set_num_threads(args.threads)
     rounds = args.rounds or (2 if args.quick else 3)
-    rows = part_overhead(args.quick, rounds)
-    model_policy = load_smollm2()
-    rows += part_tokens(model_policy, args.quick, rounds)
-    rows += part_overlap(model_policy, args.quick, rounds)
-    if args.no_ray or importlib.util.find_spec("ray") is None:
-        print("Ray column skipped (--no-ray, or the [ray] extra is not installed)")
+    rows = part_overhead(args.quick, rounds) if 1 in parts else []
+    model_policy = load_smollm2() if parts & {2, 3} else None
+    rows += part_tokens(model_policy, args.quick, rounds) if 2 in parts else []
+    rows += part_overlap(model_policy, args.quick, rounds) if 3 in parts else []
+    if 4 not in parts or args.no_ray or importlib.util.find_spec("ray") is None:
+        print("Ray column skipped (--no-ray, --parts without 4, or the [ray] extra is not installed)")
     else:
         rows += part_ray(args.quick, rounds)
-    rows += part_repeat(args.quick, rounds)
+    if 5 in parts:
+        torch.set_num_threads(training_threads)
+        rows += part_repeat(args.quick, rounds)
     columns = ["part", "engine", "workers", "concurrency", "episodes", "engine_episodes_per_s",
                "engine_tool_calls_per_s", "naive_episodes_per_s", "batch1_tokens_per_s", "batch8_tokens_per_s",
                "tool_calls", "wall_s", "startup_s", "generate_s", "tool_wait_s", "generation_share", "speedup",
@@ -312,6 +318,7 @@ def main(argv: list[str] | None = None) -> int:
     picture = plot(rows)
     report("rollout", f"rollout engine: medians (min-max) over {rounds} interleaved rounds, load average beside",
            columns, rows, extra={"quick": args.quick, "rounds": rounds, "torch_threads": args.threads,
+                                 "torch_threads_part_5": training_threads, "parts": sorted(parts),
                                  "sandbox": "shipped default (pooled)", "plot": str(picture) if picture else None})
     return 0
 
