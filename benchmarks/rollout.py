@@ -40,6 +40,7 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+from _machine import cpu_facts
 from _report import RESULTS_DIR, report
 from _rounds import interleaved_rounds, show, spread
 from rapo_agents.policies import SamplingParams, ScriptedPolicy
@@ -225,6 +226,7 @@ def part_repeat(quick: bool, rounds: int) -> list[dict]:
     questions = 4 if quick else 16
     with tempfile.TemporaryDirectory() as output_dir:
         trainer = warmed_up_trainer("configs/qa.yaml", output_dir, ["retrieval.enabled=false"])
+        trainer.close()  # only its policy plays here
     config, policy = trainer.config, trainer.policy
     env_kwargs = training_env_kwargs(config)
 
@@ -283,6 +285,20 @@ def plot(rows: list[dict]) -> Path | None:
     return path
 
 
+PARTS = frozenset({1, 2, 3, 4, 5})
+
+
+def parse_parts(text: str) -> frozenset[int]:
+    """``--parts``: comma-separated part numbers of `PARTS`."""
+    try:
+        parts = frozenset(int(part) for part in text.split(","))
+    except ValueError:
+        parts = frozenset({0})
+    if not parts or not parts <= PARTS:
+        raise argparse.ArgumentTypeError(f"expected part numbers from {sorted(PARTS)} joined by commas, got {text!r}")
+    return parts
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a small run")
@@ -290,13 +306,14 @@ def main(argv: list[str] | None = None) -> int:
                         help="torch CPU threads; 1 avoids OpenMP spin contention when other processes share the cores "
                              "(on a busy 2-core machine SmolLM2 decodes ~6x faster with 1 thread than with 2)")
     parser.add_argument("--no-ray", action="store_true", help="skip the Ray column (part 4)")
-    parser.add_argument("--parts", default="1,2,3,4,5", help="which parts to run, e.g. 5 (default: all)")
+    parser.add_argument("--parts", type=parse_parts, default=PARTS, help="which parts to run, comma-separated, "
+                                                                         "e.g. 5 (default: all)")
     parser.add_argument("--rounds", type=int, default=None, help="interleaved rounds per comparison (default 3, "
                                                                  "2 with --quick)")
     args = parser.parse_args(argv)
     import torch
 
-    parts = {int(part) for part in args.parts.split(",")}
+    parts = args.parts
     training_threads = torch.get_num_threads()  # what `rapo train` decodes on: torch's own default
     torch.set_num_threads(args.threads)
     rounds = args.rounds or (2 if args.quick else 3)
@@ -316,10 +333,12 @@ def main(argv: list[str] | None = None) -> int:
                "tool_calls", "wall_s", "startup_s", "generate_s", "tool_wait_s", "generation_share", "speedup",
                "repeats_first_round", "load"]
     picture = plot(rows)
-    report("rollout", f"rollout engine: medians (min-max) over {rounds} interleaved rounds, load average beside",
-           columns, rows, extra={"quick": args.quick, "rounds": rounds, "torch_threads": args.threads,
-                                 "torch_threads_part_5": training_threads, "parts": sorted(parts),
-                                 "sandbox": "shipped default (pooled)", "plot": str(picture) if picture else None})
+    cpu = cpu_facts()["model"]
+    report("rollout", f"rollout engine: medians (min-max) over {rounds} interleaved rounds, load average beside, "
+           f"{cpu}", columns, rows,
+           extra={"cpu_model": cpu, "quick": args.quick, "rounds": rounds, "torch_threads": args.threads,
+                  "torch_threads_part_5": training_threads, "parts": sorted(parts),
+                  "sandbox": "shipped default (pooled)", "plot": str(picture) if picture else None})
     return 0
 
 
