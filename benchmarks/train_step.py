@@ -1,8 +1,9 @@
 """Update throughput of rapo's PPO-style step against TRL's GRPOTrainer, same model, batch and lengths, one run.
 
 Both sides take the same batch of ``--sequences`` rollouts (``--prompt-tokens`` prompt tokens, responses of
-``--response-tokens`` at most, varied lengths, right-padded) and run one optimiser step over it with the same
-micro-batch size and gradient accumulation, AdamW and grad-norm clipping:
+``--response-tokens`` at most, varied lengths, right-padded; with ``--tool-tokens``, a tool result of that many
+tokens inside each response, out of the loss as in a multi-turn episode) and run one optimiser step over it with
+the same micro-batch size and gradient accumulation, AdamW and grad-norm clipping:
 
 - rapo: `rapo_agents.update.ppo_update` (token-mean loss over the mini-batch, RAPO's shaped dual-clip loss);
 - TRL: ``GRPOTrainer.compute_loss`` (``loss_type="dapo"``, the same token-mean) + backward, clip and step,
@@ -13,6 +14,7 @@ peak memory growth during the update (RSS on CPU, allocated bytes on CUDA), and 
 
     python benchmarks/train_step.py            # SmolLM2-135M-Instruct (the embedded model)
     python benchmarks/train_step.py --quick    # a tiny random Llama, seconds
+    python benchmarks/train_step.py --tool-tokens 128   # multi-turn: rapo projects only the loss tokens' logits
 """
 
 from __future__ import annotations
@@ -89,16 +91,21 @@ def load_model(quick: bool, device: torch.device):
     return model.to(device), "SmolLM2-135M-Instruct"
 
 
-def make_batch(sequences: int, prompt_tokens: int, response_tokens: int, vocab: int, group: int) -> TrainBatch:
+def make_batch(sequences: int, prompt_tokens: int, response_tokens: int, vocab: int, group: int,
+               tool_tokens: int = 0) -> TrainBatch:
+    """Random rollouts; ``tool_tokens`` of each response (after its first quarter) are a tool result, out of the
+    loss."""
     generator = torch.Generator().manual_seed(0)
-    width = prompt_tokens + response_tokens
+    width = prompt_tokens + response_tokens + tool_tokens
     lengths = torch.randint(response_tokens // 2, response_tokens + 1, (sequences,), generator=generator)
     input_ids = torch.randint(5, vocab, (sequences, width), generator=generator)
     attention = torch.zeros(sequences, width, dtype=torch.long)
     loss_mask = torch.zeros(sequences, width)
     for row, length in enumerate(lengths.tolist()):
-        attention[row, : prompt_tokens + length] = 1
-        loss_mask[row, prompt_tokens : prompt_tokens + length] = 1
+        attention[row, : prompt_tokens + length + tool_tokens] = 1
+        loss_mask[row, prompt_tokens : prompt_tokens + length + tool_tokens] = 1
+        tool_start = prompt_tokens + length // 4
+        loss_mask[row, tool_start : tool_start + tool_tokens] = 0
     rewards = torch.randint(0, 2, (sequences,), generator=generator).float()
     advantages = (rewards - rewards.view(-1, group).mean(-1).repeat_interleave(group)) / 0.5
     return TrainBatch(
@@ -143,7 +150,7 @@ def trl_inputs(batch: TrainBatch, rows: torch.Tensor, prompt_tokens: int, device
         "prompt_ids": ids[:, :prompt_tokens].to(device),
         "prompt_mask": attention[:, :prompt_tokens].to(device),
         "completion_ids": ids[:, prompt_tokens:].to(device),
-        "completion_mask": attention[:, prompt_tokens:].to(device),
+        "completion_mask": batch.loss_mask[rows, prompt_tokens:width].long().to(device),  # tool results out
         "advantages": batch.advantages[rows].to(device),
         "old_per_token_logps": batch.old_logprobs[rows, prompt_tokens:width].to(device),
         "num_items_in_batch": batch.loss_mask.sum().to(device),
@@ -196,6 +203,8 @@ def main() -> None:
     parser.add_argument("--micro-batch", type=int, default=4, help="sequences per forward/backward")
     parser.add_argument("--prompt-tokens", type=int, default=None)
     parser.add_argument("--response-tokens", type=int, default=None)
+    parser.add_argument("--tool-tokens", type=int, default=0,
+                        help="a tool result of this many tokens inside each response, out of the loss")
     parser.add_argument("--repeats", type=int, default=None, help="timed updates per side (after one warm-up)")
     parser.add_argument("--device", default="auto")
     args = parser.parse_args()
@@ -214,7 +223,8 @@ def main() -> None:
     base_model, model_name = load_model(args.quick, device)
     vocab = base_model.config.vocab_size
     batch = with_sampler_logprobs(base_model, make_batch(args.sequences, prompt_tokens, response_tokens, vocab,
-                                                         group=args.micro_batch), args.micro_batch)
+                                                         group=args.micro_batch, tool_tokens=args.tool_tokens),
+                                  args.micro_batch)
     tokens = int(batch.attention_mask.sum())
     response = int(batch.loss_mask.sum())
 
@@ -223,7 +233,7 @@ def main() -> None:
     for _ in range(2):
         rapo_runs += time_rapo(copy.deepcopy(base_model), batch, args.micro_batch, max(1, repeats // 2), device)
         trl_runs += time_trl(copy.deepcopy(base_model), tokenizer, batch, args.micro_batch, max(1, repeats // 2),
-                             prompt_tokens, response_tokens, device)
+                             prompt_tokens, response_tokens + args.tool_tokens, device)
 
     rows = []
     for name, runs in (("rapo ppo_update", rapo_runs), ("TRL GRPOTrainer", trl_runs)):
@@ -238,12 +248,12 @@ def main() -> None:
     report(
         "train_step",
         f"Update throughput, {model_name}, {args.sequences} seqs x ({prompt_tokens} prompt + <= {response_tokens} "
-        f"response) tokens, micro-batch {args.micro_batch}, {device}",
+        f"response + {args.tool_tokens} tool) tokens, micro-batch {args.micro_batch}, {device}",
         ["implementation", "update_s", "tokens_per_s", "response_tokens_per_s", "peak_mem_mib", "speed_vs_trl", "runs"],
         rows,
         extra={"model": model_name, "device": str(device), "tokens": tokens, "response_tokens": response,
                "rapo_over_trl_throughput": ratio, "rapo_over_trl_peak_memory": memory_ratio,
-               "torch_threads": torch.get_num_threads(), "quick": args.quick},
+               "tool_tokens": args.tool_tokens, "torch_threads": torch.get_num_threads(), "quick": args.quick},
     )
     print(f"rapo / TRL update throughput: {ratio:.2f}x; peak memory ratio {memory_ratio:.2f}")
 

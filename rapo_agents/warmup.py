@@ -155,10 +155,9 @@ def action_nll(
     """Summed NLL of the loss-mask tokens of a collated batch, and their count (divide for the token mean)."""
     device = next(model.parameters()).device
     loss_mask = batch["loss_mask"].to(device)
-    first = int(batch["prompt_lengths"].min().item())
     with autocast_context(device, autocast_dtype):
         logprobs = sequence_logprobs(model, batch["input_ids"].to(device), batch["attention_mask"].to(device),
-                                     first).logprobs
+                                     loss_mask).logprobs
     return -(logprobs.float() * loss_mask).sum(), loss_mask.sum()
 
 

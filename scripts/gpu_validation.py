@@ -342,7 +342,7 @@ def measure_loss_share(model: str, sequences: int, tokens: int, repeats: int, de
 
     def logprobs() -> torch.Tensor:  # the trainer's forward pass (`rapo_agents.update.sequence_logprobs`)
         with autocast_context(device, torch.bfloat16):
-            return sequence_logprobs(network, ids, attention, prompt).logprobs
+            return sequence_logprobs(network, ids, attention, mask).logprobs
 
     old = logprobs().detach() + 0.01 * torch.randn(sequences, tokens, device=device)
 

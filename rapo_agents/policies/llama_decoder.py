@@ -356,9 +356,16 @@ class LlamaDecoder:
             visible = visible.reshape(batch, 1, groups * seq, end)
         cos, sin = self._rope(positions)
         q_size, kv_size = self.heads * self.head_dim, self.kv_heads * self.head_dim
-        x = self.embed[input_ids]
+        # A prefill's rows are left-padded to its longest one (35% of the prefill tokens of a QA evaluation were
+        # padding), but only attention needs the rows aligned: the matmuls and the residual stream run on the
+        # real tokens alone, packed, and attention reads them scattered back into the padded layout.
+        real = valid.reshape(-1).nonzero().squeeze(1) if seq > 1 and not bool(valid.all()) else None
+        x = self.embed[input_ids.reshape(-1) if real is None else input_ids.reshape(-1)[real]]
         for index, layer in enumerate(self.layers):
             qkv = layer.qkv(self._norm(x, layer.input_norm)).to(self.dtype)
+            if real is not None:
+                qkv = qkv.new_zeros(batch * seq, qkv.shape[-1]).index_copy_(0, real, qkv)
+            qkv = qkv.view(batch, seq, -1)
             # Queries and keys take RoPE in one call (elementwise, so the same values as two calls, in half the ops).
             qk = self._rotate(qkv[..., :q_size + kv_size].view(batch, seq, self.heads + self.kv_heads,
                                                                self.head_dim).transpose(1, 2), cos, sin)
@@ -371,8 +378,11 @@ class LlamaDecoder:
             attended = F.scaled_dot_product_attention(
                 q.reshape(batch, self.kv_heads, groups * seq, self.head_dim),
                 cache.keys[index, :, :, :end], cache.values[index, :, :, :end], attn_mask=visible)
-            attended = attended.view(batch, self.heads, seq, self.head_dim).transpose(1, 2).reshape(batch, seq, q_size)
-            x = x + layer.o(attended)
+            attended = attended.view(batch, self.heads, seq, self.head_dim).transpose(1, 2).reshape(batch * seq, q_size)
+            x = x + layer.o(attended if real is None else attended[real])
             gate, up = layer.gate_up(self._norm(x, layer.post_norm)).chunk(2, dim=-1)
             x = x + layer.down(F.silu(gate) * up)
-        return self.lm_head(self._norm(x[:, -1], self.final_norm))
+        # Each row's last token is real (rows are left-padded): the last of its run in the packed order.
+        last = (torch.arange(1, batch + 1, device=self.device) * seq if real is None
+                else valid.sum(dim=1).cumsum(0)) - 1
+        return self.lm_head(self._norm(x[last], self.final_norm))

@@ -88,18 +88,37 @@ def test_build_batch_rejects_incomplete_trajectories():
         build_batch([missing], pad_token_id=0)
 
 
-def test_sequence_logprobs_match_a_plain_forward_pass():
+def test_sequence_logprobs_match_a_plain_forward_pass_at_the_marked_tokens_and_are_0_elsewhere():
     model = tiny_model()
     ids = torch.randint(3, 60, (2, 9))
     attention = torch.ones_like(ids)
     attention[1, 7:] = 0
-    out = sequence_logprobs(model, ids, attention, first_position=3, with_entropy=True)
+    marked = torch.zeros_like(ids)
+    marked[:, 3:] = 1  # padding (row 1 from 7 on) is never scored, marked or not
+    marked[0, 5] = 0  # a tool result inside a response
+    out = sequence_logprobs(model, ids, attention, marked, with_entropy=True)
     logits = model(input_ids=ids, attention_mask=attention).logits.float()
     expected = torch.log_softmax(logits[:, :-1], -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
-    torch.testing.assert_close(out.logprobs[:, 3:], expected[:, 2:], atol=1e-5, rtol=1e-5)
-    assert (out.logprobs[:, :3] == 0).all()
     probs = torch.softmax(logits[:, :-1], -1)
-    torch.testing.assert_close(out.entropies[:, 3:], -(probs * probs.log()).sum(-1)[:, 2:], atol=1e-5, rtol=1e-5)
+    entropy = -(probs * probs.log()).sum(-1)
+    scored = (marked.bool() & attention.bool())[:, 1:]
+    torch.testing.assert_close(out.logprobs[:, 1:][scored], expected[scored], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out.entropies[:, 1:][scored], entropy[scored], atol=1e-5, rtol=1e-5)
+    assert (out.logprobs[:, 1:][~scored] == 0).all() and (out.logprobs[:, 0] == 0).all()
+    assert (out.entropies[:, 1:][~scored] == 0).all()
+
+
+def test_sequence_logprobs_of_a_soft_capped_model_come_from_its_own_forward():
+    model = tiny_model()
+    model.config.final_logit_softcapping = 30.0  # read by _logits_at; the tiny Llama itself ignores it
+    ids = torch.randint(3, 60, (1, 6))
+    calls = []
+    model.register_forward_hook(lambda *_: calls.append(1))
+    out = sequence_logprobs(model, ids, torch.ones_like(ids), torch.ones_like(ids))
+    assert calls == [1]
+    logits = model(input_ids=ids).logits.float()
+    expected = torch.log_softmax(logits[:, :-1], -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+    torch.testing.assert_close(out.logprobs[:, 1:], expected, atol=1e-5, rtol=1e-5)
 
 
 def _batch(model):

@@ -67,21 +67,21 @@ def test_masked_tokens_carry_no_gradient(episodes):
     model = tiny_model()
     batch = collate_trajectories(episodes[:2], pad_token_id=0)
     kept = {}
-    hook = model.lm_head.register_forward_hook(lambda module, inputs, output: kept.setdefault("logits", output))
+    hook = model.get_decoder().register_forward_hook(
+        lambda module, inputs, output: kept.update(hidden=output.last_hidden_state))
     try:
         nll, tokens = action_nll(model, batch)
-        kept["logits"].retain_grad()
+        kept["hidden"].retain_grad()
         (nll / tokens).backward()
     finally:
         hook.remove()
-    # Logits row j (of the kept tail) predicts token first + j; its gradient is zero unless that token is an action's.
-    first = int(batch["prompt_lengths"].min())
-    grad = kept["logits"].grad[:, :-1]
-    predicts_action = batch["loss_mask"][:, first:].bool()
-    row_norms = grad.abs().sum(-1)
+    # The last hidden state at position t - 1 predicts token t; its gradient is zero unless that token is an action's.
+    row_norms = kept["hidden"].grad[:, :-1].abs().sum(-1)
+    predicts_action = batch["loss_mask"][:, 1:].bool()
     assert torch.all(row_norms[~predicts_action] == 0)
     assert torch.all(row_norms[predicts_action] > 0)
     # Tool results (mask 0 after the prompt) are present, and only policy tokens are counted.
+    first = int(batch["prompt_lengths"].min())
     response_mask = batch["loss_mask"][:, first:]
     assert (response_mask == 0).logical_and(batch["attention_mask"][:, first:] == 1).any()
     assert tokens == batch["loss_mask"].sum()
