@@ -9,8 +9,11 @@ the same micro-batch size and gradient accumulation, AdamW and grad-norm clippin
 - TRL: ``GRPOTrainer.compute_loss`` (``loss_type="dapo"``, the same token-mean) + backward, clip and step,
   which is what ``GRPOTrainer.training_step`` runs after generation.
 
-Reported: update tokens/s (prompt + response tokens through forward and backward), seconds per update,
-peak memory growth during the update (RSS on CPU, allocated bytes on CUDA), and rapo/TRL ratios.
+The batch size and micro-batch default to `rapo train`'s (``configs/default.yaml``: 4 questions x 4 rollouts,
+micro-batches of 8). The two sides are interleaved over ``--rounds`` rounds (`_rounds.interleaved_rounds`), each
+round on fresh copies of the model, one untimed update first. Reported: update tokens/s (prompt + response tokens
+through forward and backward) and seconds per update as medians with min-max, peak memory growth during the
+update (RSS on CPU, allocated bytes on CUDA), rapo/TRL ratios, the load average after each round and the CPU model.
 
     python benchmarks/train_step.py            # SmolLM2-135M-Instruct (the embedded model)
     python benchmarks/train_step.py --quick    # a tiny random Llama, seconds
@@ -22,7 +25,6 @@ from __future__ import annotations
 import argparse
 import copy
 import os
-import statistics
 import tempfile
 import threading
 import time
@@ -34,10 +36,16 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # see rapo_agents/cli/train
 import psutil
 import torch
 
+from _machine import cpu_facts
 from _report import report
+from _rounds import interleaved_rounds, show, spread
 from rapo_agents.batch import TrainBatch
+from rapo_agents.config import load_config
 from rapo_agents.rapo import RAPOConfig
 from rapo_agents.update import UpdateSettings, ppo_update
+
+SHIPPED = load_config("configs/default.yaml")
+"""What `rapo train` runs: its batch shape (questions x rollouts) and micro-batch are the defaults here."""
 
 
 class PeakMemory:
@@ -126,11 +134,12 @@ def with_sampler_logprobs(model, batch: TrainBatch, micro: int) -> TrainBatch:
     return batch
 
 
-def time_rapo(model, batch: TrainBatch, micro: int, repeats: int, device) -> list[tuple[float, float]]:
+def time_rapo(model, batch: TrainBatch, micro: int, device) -> tuple[float, float]:
+    """Seconds and peak memory of one update, after an untimed one."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6, weight_decay=0.01)
     settings = UpdateSettings(mini_batch_rows=len(batch.advantages), micro_batch_size=micro)
     results = []
-    for _ in range(repeats + 1):  # the first one warms up
+    for _ in range(2):  # the first one warms up
         with PeakMemory(device) as memory:
             started = time.perf_counter()
             ppo_update(model, optimizer, batch, RAPOConfig(), settings)
@@ -138,7 +147,7 @@ def time_rapo(model, batch: TrainBatch, micro: int, repeats: int, device) -> lis
                 torch.cuda.synchronize()
             seconds = time.perf_counter() - started
         results.append((seconds, memory.peak_mib))
-    return results[1:]
+    return results[1]
 
 
 def trl_inputs(batch: TrainBatch, rows: torch.Tensor, prompt_tokens: int, device) -> dict[str, torch.Tensor]:
@@ -157,8 +166,9 @@ def trl_inputs(batch: TrainBatch, rows: torch.Tensor, prompt_tokens: int, device
     }
 
 
-def time_trl(model, tokenizer, batch: TrainBatch, micro: int, repeats: int, prompt_tokens: int, response_tokens: int,
-             device) -> list[tuple[float, float]]:
+def time_trl(model, tokenizer, batch: TrainBatch, micro: int, prompt_tokens: int, response_tokens: int,
+             device) -> tuple[float, float]:
+    """Seconds and peak memory of one GRPOTrainer update, after an untimed one."""
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
@@ -179,7 +189,7 @@ def time_trl(model, tokenizer, batch: TrainBatch, micro: int, repeats: int, prom
     model = trainer.model
     model.train()
     results = []
-    for _ in range(repeats + 1):
+    for _ in range(2):  # the first one warms up
         with PeakMemory(device) as memory:
             started = time.perf_counter()
             optimizer.zero_grad(set_to_none=True)
@@ -193,26 +203,29 @@ def time_trl(model, tokenizer, batch: TrainBatch, micro: int, repeats: int, prom
                 torch.cuda.synchronize()
             seconds = time.perf_counter() - started
         results.append((seconds, memory.peak_mib))
-    return results[1:]
+    return results[1]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny random model, short sequences")
-    parser.add_argument("--sequences", type=int, default=8, help="rollouts in the batch (one optimiser step)")
-    parser.add_argument("--micro-batch", type=int, default=4, help="sequences per forward/backward")
+    parser.add_argument("--sequences", type=int, default=SHIPPED.optim.train_batch_size * SHIPPED.rollout.rollout_n,
+                        help="rollouts in the batch (one optimiser step; default: the shipped 4 questions x 4)")
+    parser.add_argument("--micro-batch", type=int, default=SHIPPED.optim.micro_batch_size,
+                        help="sequences per forward/backward (default: the shipped optim.micro_batch_size)")
     parser.add_argument("--prompt-tokens", type=int, default=None)
     parser.add_argument("--response-tokens", type=int, default=None)
     parser.add_argument("--tool-tokens", type=int, default=0,
                         help="a tool result of this many tokens inside each response, out of the loss")
-    parser.add_argument("--repeats", type=int, default=None, help="timed updates per side (after one warm-up)")
+    parser.add_argument("--rounds", type=int, default=None, help="interleaved rounds, one timed update per side each "
+                                                                 "(default 3, 2 with --quick)")
     parser.add_argument("--device", default="auto")
     args = parser.parse_args()
     device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
                           ("cpu" if args.device == "auto" else args.device))
     prompt_tokens = args.prompt_tokens or (64 if args.quick else 128)
     response_tokens = args.response_tokens or (128 if args.quick else 256)
-    repeats = args.repeats or (3 if args.quick else 2)
+    rounds = args.rounds or (2 if args.quick else 3)
     torch.set_num_threads(max(1, torch.get_num_threads()))
 
     from transformers import AutoTokenizer
@@ -223,24 +236,23 @@ def main() -> None:
     base_model, model_name = load_model(args.quick, device)
     vocab = base_model.config.vocab_size
     batch = with_sampler_logprobs(base_model, make_batch(args.sequences, prompt_tokens, response_tokens, vocab,
-                                                         group=args.micro_batch, tool_tokens=args.tool_tokens),
+                                                         group=SHIPPED.rollout.rollout_n, tool_tokens=args.tool_tokens),
                                   args.micro_batch)
     tokens = int(batch.attention_mask.sum())
     response = int(batch.loss_mask.sum())
 
-    # Alternate the two sides so that contention on a shared machine hits both alike.
-    rapo_runs, trl_runs = [], []
-    for _ in range(2):
-        rapo_runs += time_rapo(copy.deepcopy(base_model), batch, args.micro_batch, max(1, repeats // 2), device)
-        trl_runs += time_trl(copy.deepcopy(base_model), tokenizer, batch, args.micro_batch, max(1, repeats // 2),
-                             prompt_tokens, response_tokens + args.tool_tokens, device)
+    results, loads = interleaved_rounds({
+        "rapo ppo_update": lambda: time_rapo(copy.deepcopy(base_model), batch, args.micro_batch, device),
+        "TRL GRPOTrainer": lambda: time_trl(copy.deepcopy(base_model), tokenizer, batch, args.micro_batch,
+                                            prompt_tokens, response_tokens + args.tool_tokens, device),
+    }, rounds)
 
     rows = []
-    for name, runs in (("rapo ppo_update", rapo_runs), ("TRL GRPOTrainer", trl_runs)):
-        seconds = statistics.median(s for s, _ in runs)
-        rows.append({"implementation": name, "update_s": seconds, "tokens_per_s": tokens / seconds,
-                     "response_tokens_per_s": response / seconds,
-                     "peak_mem_mib": max(m for _, m in runs), "runs": len(runs)})
+    for name, runs in results.items():
+        seconds = spread([s for s, _ in runs])
+        rows.append({"implementation": name, "update_s": show(seconds, 2), "tokens_per_s": tokens / seconds["median"],
+                     "response_tokens_per_s": response / seconds["median"],
+                     "peak_mem_mib": max(m for _, m in runs), "runs": len(runs), "seconds": seconds})
     ratio = rows[0]["tokens_per_s"] / rows[1]["tokens_per_s"]
     memory_ratio = rows[0]["peak_mem_mib"] / max(rows[1]["peak_mem_mib"], 1e-9)
     for row in rows:
@@ -251,11 +263,13 @@ def main() -> None:
         f"response + {args.tool_tokens} tool) tokens, micro-batch {args.micro_batch}, {device}",
         ["implementation", "update_s", "tokens_per_s", "response_tokens_per_s", "peak_mem_mib", "speed_vs_trl", "runs"],
         rows,
-        extra={"model": model_name, "device": str(device), "tokens": tokens, "response_tokens": response,
+        extra={"model": model_name, "device": str(device), "cpu_model": cpu_facts()["model"],
+               "load_after_rounds": loads, "tokens": tokens, "response_tokens": response,
                "rapo_over_trl_throughput": ratio, "rapo_over_trl_peak_memory": memory_ratio,
                "tool_tokens": args.tool_tokens, "torch_threads": torch.get_num_threads(), "quick": args.quick},
     )
-    print(f"rapo / TRL update throughput: {ratio:.2f}x; peak memory ratio {memory_ratio:.2f}")
+    print(f"rapo / TRL update throughput: {ratio:.2f}x; peak memory ratio {memory_ratio:.2f}; "
+          f"load after each round {', '.join(f'{load:.2f}' for load in loads)}; {cpu_facts()['model']}")
 
 
 if __name__ == "__main__":

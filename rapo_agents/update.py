@@ -67,7 +67,7 @@ def _logits_at(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: 
     the positions after the shortest prompt in a `configs/qa.yaml` batch.
     """
     config = getattr(model, "config", None)
-    if any(getattr(config, name, None) not in (None, 1, 1.0) for name in LOGIT_SCALINGS):
+    if any(getattr(config, name, None) not in (None, 1) for name in LOGIT_SCALINGS):
         logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
         return logits[rows, positions]
     hidden = model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
@@ -193,7 +193,7 @@ def recompute_logprobs(model: torch.nn.Module, batch: TrainBatch, settings: Upda
             with autocast_context(device, settings.autocast_dtype):
                 out = sequence_logprobs(model, micro.input_ids, micro.attention_mask, micro.loss_mask)
             width = micro.input_ids.shape[1]
-            result[chosen, :width] = (out.logprobs.float() * micro.loss_mask).cpu()
+            result[chosen, :width] = out.logprobs.float().cpu()  # 0 off the loss mask
     finally:
         model.train(was_training)
     return result
@@ -259,8 +259,7 @@ def ppo_update(
                         with torch.no_grad():
                             reference = sequence_logprobs(reference_model, micro.input_ids,
                                                           micro.attention_mask, micro.loss_mask).logprobs
-                old_logprobs = (current.logprobs.detach() * micro.loss_mask if settings.old_logprobs_from_current
-                                else micro.old_logprobs)
+                old_logprobs = current.logprobs.detach() if settings.old_logprobs_from_current else micro.old_logprobs
                 correction = None
                 if micro.sampler_logprobs is not None:
                     correction = rollout_correction_weights(

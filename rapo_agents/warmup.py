@@ -158,7 +158,7 @@ def action_nll(
     with autocast_context(device, autocast_dtype):
         logprobs = sequence_logprobs(model, batch["input_ids"].to(device), batch["attention_mask"].to(device),
                                      loss_mask).logprobs
-    return -(logprobs.float() * loss_mask).sum(), loss_mask.sum()
+    return -logprobs.float().sum(), loss_mask.sum()  # 0 off the loss mask
 
 
 def _micro_batches(episodes: Sequence[Trajectory], size: int):
