@@ -9,6 +9,8 @@ from pathlib import Path
 from typing import Any
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+"""The shipped configs, found from this file so that a benchmark runs from any working directory."""
 
 
 def report(name: str, title: str, columns: list[str], rows: list[dict[str, Any]], extra: dict[str, Any] | None = None

@@ -7,13 +7,15 @@ the run's rollouts and evaluations really decode with.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from rapo_agents.config import load_config
 from rapo_agents.rollout.engine import make_env_factory
 from rapo_agents.trainer import RAPOTrainer, training_env_kwargs
 from rapo_agents.warmup import warm_up
 
 
-def warmed_up_trainer(config_path: str, output_dir: str, overrides: list[str] = ()) -> RAPOTrainer:
+def warmed_up_trainer(config_path: str | Path, output_dir: str, overrides: list[str] = ()) -> RAPOTrainer:
     """The trainer of ``config_path`` (with ``overrides``, quiet, writing to ``output_dir``) after its warm-up,
     its rollout policy in sync."""
     config = load_config(config_path, ["logging.progress=false", "logging.tensorboard=false",

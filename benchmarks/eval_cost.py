@@ -39,7 +39,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # see tests/conftest.py: spinning threads on a busy machine
 
 from _machine import cpu_facts
-from _report import report
+from _report import CONFIGS, report
 from _rounds import interleaved_rounds, show, spread
 from _warm import warmed_up_trainer
 from rapo_agents.heldout import HeldoutConfig
@@ -99,7 +99,7 @@ def main() -> None:
     questions, rounds = (24, 2) if args.quick else (args.questions, args.rounds)
     with tempfile.TemporaryDirectory() as output_dir:
         # retrieval off: evaluation never retrieves
-        trainer = warmed_up_trainer("configs/default.yaml", output_dir, [
+        trainer = warmed_up_trainer(CONFIGS / "default.yaml", output_dir, [
             "retrieval.enabled=false", f"evaluation.heldout_tasks={questions}",
             *([f"evaluation.weight_format={args.weight_format}"] if args.weight_format else [])])
         print(f"policy {trainer.heldout.engine.policy.name}, {questions} held-out questions, {rounds} rounds")

@@ -63,7 +63,7 @@ from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
 from _machine import cpu_facts, cpu_line, parse_cpuinfo  # noqa: E402,F401  (parse_cpuinfo: tested here)
-from _report import RESULTS_DIR, report  # noqa: E402
+from _report import CONFIGS, RESULTS_DIR, report  # noqa: E402
 from _rounds import interleaved_rounds, show, spread  # noqa: E402
 
 # torch and rapo_agents load in main(), after --fbgemm-isa has set the variable fbgemm reads when torch loads.
@@ -75,7 +75,7 @@ QUESTION = ("Natalia sold clips to 48 of her friends in April, and then she sold
 ENGINE_LABELS = {"hf": "HF", "fast": "Fast", "ct2": "CT2"}
 """Column names of the engines: `HFPolicy`, `FastPolicy`, the CTranslate2 anchor."""
 
-DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "default.yaml"
+DEFAULT_CONFIG = CONFIGS / "default.yaml"
 """The run whose held-out questions and settings the accuracy comparison uses."""
 
 

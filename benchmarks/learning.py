@@ -58,10 +58,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # see rapo_cli/train.py
 
-from _report import RESULTS_DIR, report
+from _report import CONFIGS, RESULTS_DIR, report
 
-REPO = Path(__file__).resolve().parent.parent
-TASKS = {"qa": REPO / "configs/qa.yaml", "math-multistep": REPO / "configs/math_multistep.yaml", "math": None}
+TASKS = {"qa": CONFIGS / "qa.yaml", "math-multistep": CONFIGS / "math_multistep.yaml", "math": None}
 """Each task's config (None: the embedded default)."""
 METHODS = {
     "GRPO": ["retrieval.enabled=false"],

@@ -41,7 +41,7 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from _machine import cpu_facts
-from _report import RESULTS_DIR, report
+from _report import CONFIGS, RESULTS_DIR, report
 from _rounds import interleaved_rounds, show, spread
 from rapo_agents.policies import SamplingParams, ScriptedPolicy
 from rapo_agents.rollout import RolloutConfig, RolloutEngine
@@ -225,7 +225,7 @@ def part_repeat(quick: bool, rounds: int) -> list[dict]:
 
     questions = 4 if quick else 16
     with tempfile.TemporaryDirectory() as output_dir:
-        trainer = warmed_up_trainer("configs/qa.yaml", output_dir, ["retrieval.enabled=false"])
+        trainer = warmed_up_trainer(CONFIGS / "qa.yaml", output_dir, ["retrieval.enabled=false"])
         trainer.close()  # only its policy plays here
     config, policy = trainer.config, trainer.policy
     env_kwargs = training_env_kwargs(config)

@@ -37,14 +37,14 @@ import psutil
 import torch
 
 from _machine import cpu_facts
-from _report import report
+from _report import CONFIGS, report
 from _rounds import interleaved_rounds, show, spread
 from rapo_agents.batch import TrainBatch
 from rapo_agents.config import load_config
 from rapo_agents.rapo import RAPOConfig
 from rapo_agents.update import UpdateSettings, ppo_update
 
-SHIPPED = load_config("configs/default.yaml")
+SHIPPED = load_config(CONFIGS / "default.yaml")
 """What `rapo train` runs: its batch shape (questions x rollouts) and micro-batch are the defaults here."""
 
 
