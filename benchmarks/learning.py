@@ -59,6 +59,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # see rapo_cli/train.py
 
 from _report import CONFIGS, RESULTS_DIR, report
+from _splices import (after_two_hops, first_round_effects, group_ids, heldout_hops, pooled, splice_content,
+                      training_chains)
 
 TASKS = {"qa": CONFIGS / "qa.yaml", "math-multistep": CONFIGS / "math_multistep.yaml", "math": None}
 """Each task's config (None: the embedded default)."""
@@ -76,6 +78,7 @@ METHODS = {
     "GRPO two rollouts per question": ["retrieval.enabled=false", "rollout_n=2"],
     "RAPO first round only": ["retrieval.retrieve_after=first_round"],
     "RAPO three of four hybrid": ["retrieval.no_retrieve_first_k=1"],
+    "RAPO no stand-in for final steps": ["retrieval.final_steps=skip"],
 }
 """Each method's overrides on top of its task's config (``RAPO TIS``: RAPO with truncated importance sampling
 against the int8 sampler; ``RAPO on-policy baseline``: ``A_acc``'s group mean from the unspliced rollouts only;
@@ -84,10 +87,13 @@ rollouts only``: neither, and no ``A_ret`` (GRPO on the unspliced rollouts, retr
 per question``: GRPO on as many of its own rollouts per question as RAPO trains on multi-step math, about 2 of 4;
 ``RAPO first round only``: one retrieval draw per hybrid rollout, after its first round, so that its unspliced
 rollouts are not selected for being short; ``RAPO three of four hybrid``: 1 of each group's 4 rollouts on-policy
-and 3 hybrid, the CPU default until 2026-12, instead of the paper's half (8 of 16); all `VARIANTS`)."""
+and 3 hybrid, the CPU default until 2026-12, instead of the paper's half (8 of 16); ``RAPO no stand-in for final
+steps``: where the retrieved step the selection picks is a final answer, nothing is spliced, instead of the best
+other candidate; all `VARIANTS`)."""
 ABLATIONS = ("RAPO random retrieval", "RAPO no retrieval reward", "RAPO no shaping")
 VARIANTS = ("RAPO TIS", "RAPO on-policy baseline", "RAPO spliced out of the loss", "RAPO own rollouts only",
-            "GRPO two rollouts per question", "RAPO first round only", "RAPO three of four hybrid")
+            "GRPO two rollouts per question", "RAPO first round only", "RAPO three of four hybrid",
+            "RAPO no stand-in for final steps")
 """Settings that are not the paper's (`docs/training.md`), compared with RAPO and GRPO; not part of `PLAN`."""
 SETTINGS = {"warm-up": [], "no warm-up": ["warmup.sft_steps=0", "total_steps=20"]}
 """The two starting points; without the warm-up the run gets twice the steps."""
@@ -176,10 +182,16 @@ def summarize(task: str, setting: str, seed: int, method: str, folder: Path) -> 
     lines = (folder / "trajectories.jsonl").read_text(encoding="utf-8").splitlines()
     trajectories = [json.loads(line) for line in lines]  # read once for every table
     mechanism |= within_group_splice_effect(trajectories)
+    splices = {}
     if retrieves(method):
         mechanism |= unspliced_selection(folder, trajectories)
-        if task == "qa":
-            mechanism |= splice_relevance(folder, trajectories)
+    if task == "qa":  # what a splice carried, and what the policy did at the second hop of 3-hop questions
+        chains = training_chains(folder)
+        splices = {"after_two_hops": after_two_hops(trajectories, chains),
+                   "heldout_hops": heldout_hops(folder, heldout[-1]) if heldout else None}
+        if retrieves(method):
+            mechanism |= splice_content(trajectories, chains)
+            splices["first_round_effects"] = first_round_effects(trajectories, chains)
     return {
         "task": task, "setting": setting, "seed": seed, "method": method, "folder": str(folder),
         "decoded": decoded_formats(folder),
@@ -197,7 +209,7 @@ def summarize(task: str, setting: str, seed: int, method: str, folder: Path) -> 
         "sampler_kl_k3": mean_of("rollout_correction/kl_k3"),
         "truncated_fraction": mean_of("rollout_correction/truncated_fraction"),
         "mechanism": mechanism,
-        "seconds": done["seconds"], "load_average": done["load_average"],
+        "seconds": done["seconds"], "load_average": done["load_average"], **splices,
     }
 
 
@@ -221,30 +233,6 @@ def decoded_formats(folder: Path) -> dict[str, str]:
     return {"rollout": rollout, "evaluation": config["evaluation"].get("weight_format") or rollout}
 
 
-def splice_relevance(folder: Path, trajectories: list[dict]) -> dict:
-    """QA only: how many splices came from the question's own expert chain (their ``<search>`` names an entity of
-    its relation chain) rather than a neighbouring question's, and the reward of the rollouts holding each kind."""
-    import re
-
-    from rapo_agents.config import load_config
-    from rapo_env.tasks.knowledge_base import KnowledgeBase
-
-    knowledge_base = load_config(str(folder / "config.yaml"), []).data.env_kwargs.get("knowledge_base") or {}
-    chains = {task.id: set(task.metadata["search_queries"]) for task in KnowledgeBase.generate(0, **knowledge_base)
-              .split("train")}
-    kinds: dict[str, list[float]] = {"on_chain": [], "off_chain": []}
-    for trajectory in trajectories:
-        for step in trajectory["steps"]:
-            found = re.search(r"<search>(.*?)</search>", (step.get("retrieval") or {}).get("text", ""))
-            if found:
-                kind = "on_chain" if found.group(1).strip() in chains.get(trajectory["task_id"], ()) else "off_chain"
-                kinds[kind].append(float(trajectory["reward"]))
-    total = sum(len(rewards) for rewards in kinds.values())
-    return {"splices_on_chain": len(kinds["on_chain"]) / total if total else float("nan"),
-            "reward_after_on_chain_splice": nanmean(kinds["on_chain"]),
-            "reward_after_off_chain_splice": nanmean(kinds["off_chain"])}
-
-
 def within_group_splice_effect(trajectories: list[dict]) -> dict:
     """Reward of spliced rollouts minus that of the unspliced rollouts of the same group (same question, same
     step), averaged over the groups that hold both: the comparison of the paper's Fig. 3 without the confound that
@@ -253,13 +241,9 @@ def within_group_splice_effect(trajectories: list[dict]) -> dict:
     the share where only a splice made them differ (the policy's own rollouts all scored alike)."""
     groups: dict[tuple[int, str], dict[bool, list[float]]] = {}
     cut: dict[bool, list[float]] = {True: [], False: []}  # rollouts cut by the response budget
-    block, last = 0, None
-    for trajectory in trajectories:
-        if trajectory["task_id"] != last and trajectory["rollout_index"] == 0:
-            block += 1  # a new group starts with rollout 0
-        last = trajectory["task_id"]
+    for group, trajectory in zip(group_ids(trajectories), trajectories, strict=True):
         spliced = any(step.get("retrieval") for step in trajectory["steps"])
-        groups.setdefault((block, last), {True: [], False: []})[spliced].append(float(trajectory["reward"]))
+        groups.setdefault(group, {True: [], False: []})[spliced].append(float(trajectory["reward"]))
         cut[spliced].append(float(trajectory["end_reason"] == "length"))
     deltas = [statistics.fmean(g[True]) - statistics.fmean(g[False]) for g in groups.values() if g[True] and g[False]]
     spread = [len(set(g[True] + g[False])) > 1 for g in groups.values()]
@@ -284,8 +268,11 @@ def unspliced_selection(folder: Path, trajectories: list[dict]) -> dict:
             onpolicy.append(trajectory)
         elif not any(step.get("retrieval") for step in trajectory["steps"]):
             unspliced.append(trajectory)
-    return {"onpolicy_accuracy": nanmean(t["metrics"].get("accuracy") for t in onpolicy),
-            "hybrid_unspliced_accuracy": nanmean(t["metrics"].get("accuracy") for t in unspliced),
+    def correct(trajectory: dict) -> float | None:  # as the held-out evaluation scores: accuracy, or QA's exact match
+        return trajectory["metrics"].get("accuracy", trajectory["metrics"].get("em"))
+
+    return {"onpolicy_accuracy": nanmean(correct(t) for t in onpolicy),
+            "hybrid_unspliced_accuracy": nanmean(correct(t) for t in unspliced),
             "onpolicy_tool_calls": nanmean(t["num_tool_calls"] for t in onpolicy),
             "hybrid_unspliced_tool_calls": nanmean(t["num_tool_calls"] for t in unspliced),
             "hybrid_unspliced_rollouts": float(len(unspliced))}
@@ -309,11 +296,13 @@ def against(runs: list[dict], method: str, baseline: str) -> list[dict]:
     """``method`` minus ``baseline`` after RL, per task and setting: paired over the same questions per seed, and
     pooled over seeds two ways. ``pooled`` and its CI: the question-seed pairs concatenated, a bootstrap that counts
     the evaluation's noise on the trained models but not the noise of training them; ``over seeds``: the mean of the
-    per-seed differences with a t-interval across seeds, which counts both (and is wider)."""
+    per-seed differences with a t-interval across seeds, which counts both (and is wider). ``by hops`` (multi-hop
+    QA, when every run knows its questions' hop counts): the pooled difference on the questions of each hop count."""
     from rapo_agents.heldout import paired_difference
 
     final = {(r["task"], r["setting"], r["seed"], r["method"]): r["heldout"][-1]["correct"] for r in runs
              if r["heldout"]}
+    hops = {(r["task"], r["setting"], r["seed"], r["method"]): r.get("heldout_hops") for r in runs}
     rows = []
     for task, setting in dict.fromkeys((r["task"], r["setting"]) for r in runs):
         seeds = sorted(seed for (t, s, seed, m) in final if (t, s, m) == (task, setting, method)
@@ -326,12 +315,23 @@ def against(runs: list[dict], method: str, baseline: str) -> list[dict]:
             [c for seed in seeds for c in final[(task, setting, seed, baseline)]],
             [c for seed in seeds for c in final[(task, setting, seed, method)]])
         over_seeds, half_width = mean_and_interval([per_seed[seed]["mean"] for seed in seeds])
+        by_hops = {}
+        if all(hops[(task, setting, seed, name)] for seed in seeds for name in (method, baseline)):
+            pairs = [(count, before, after) for seed in seeds
+                     for count, before, after in zip(hops[(task, setting, seed, baseline)],
+                                                     final[(task, setting, seed, baseline)],
+                                                     final[(task, setting, seed, method)], strict=True)]
+            by_hops = {count: vars(paired_difference([b for c, b, _ in pairs if c == count],
+                                                     [a for c, _, a in pairs if c == count]))
+                       for count in sorted({count for count, _, _ in pairs})}
         rows.append({"task": task, "setting": setting, "comparison": f"{method} - {baseline}", "seeds": len(seeds),
                      "pairs": sum(len(final[(task, setting, seed, method)]) for seed in seeds),
                      "pooled": pooled.mean, "CI low": pooled.low, "CI high": pooled.high,
                      "over seeds": over_seeds, "seeds CI low": over_seeds - half_width,
                      "seeds CI high": over_seeds + half_width,
-                     "per seed": " ".join(f"{per_seed[s]['mean']:+.2f}" for s in seeds), "per_seed": per_seed})
+                     "per seed": " ".join(f"{per_seed[s]['mean']:+.2f}" for s in seeds), "per_seed": per_seed,
+                     "by hops": " ".join(f"{count}: {d['mean']:+.3f} [{d['low']:+.3f}, {d['high']:+.3f}]"
+                                         for count, d in by_hops.items()), "by_hops": by_hops})
     return rows
 
 
@@ -443,6 +443,31 @@ def with_earlier_runs(runs: list[dict], reports: list[str]) -> list[dict]:
     return combined
 
 
+def splice_tables(runs: list[dict]) -> dict[str, list[dict]]:
+    """Multi-hop QA, pooled over each method's runs: the randomised effect of a splice at the first tool round by
+    kind and hop count, and what the policy does once a 3-hop question's second hop is seen (`_splices`)."""
+    effects = [{"method": r["method"], **record} for r in runs for record in r.get("first_round_effects") or []]
+    two_hops = [{"method": r["method"], **record} for r in runs for record in r.get("after_two_hops") or []]
+    return {"first_round_splice_effect": pooled(effects, ("method", "kind", "hops"), "difference"),
+            "after_two_hops_reward": pooled(two_hops, ("method", "reached", "then"), "reward"),
+            "after_two_hops_length_cut": pooled(two_hops, ("method", "reached", "then"), "length_cut")}
+
+
+def print_splice_tables(runs: list[dict], console: Any) -> None:
+    from rich.table import Table
+
+    tables = splice_tables(runs)
+    for name, rows in tables.items():
+        if not rows:
+            continue
+        table = Table(title=name.replace("_", " ") + " (multi-hop QA, pooled over runs)")
+        for column in rows[0]:
+            table.add_column(column)
+        for row in rows:
+            table.add_row(*(f"{value:+.3f}" if isinstance(value, float) else str(value) for value in row.values()))
+        console.print(table)
+
+
 def planned_runs(args: argparse.Namespace) -> list[tuple[str, str, int, str]]:
     """(task, setting, seed, method) of every run, interleaved by seed so that load changes spread over all."""
     runs = []
@@ -546,7 +571,8 @@ def main() -> None:
             "hybrid spliced", "skipped splices", "reward > -1", "updates", "rollout s/step", "update s/step",
             "sampler KL", "truncated", "s/run"], rows,
            extra={"overrides": overrides, "plan": {key: getattr(args, key) for key in defaults}, "runs": runs,
-                  "comparisons": comparisons, "mechanism": mechanism, "plot": str(picture),
+                  "comparisons": comparisons, "mechanism": mechanism, "splices": splice_tables(runs),
+                  "plot": str(picture),
                   "differences_plot": str(forest),
                   "wall_seconds_this_invocation": time.time() - started, "load_average_per_run": loads,
                   "cpu_count": os.cpu_count(), "reported_from_existing_runs": args.report_only})
@@ -557,21 +583,24 @@ def main() -> None:
     table = Table(title="paired differences after RL (pooled: percentile bootstrap over question pairs; over seeds: "
                         "t-interval of the per-seed differences)")
     columns = ("task", "setting", "comparison", "seeds", "pairs", "pooled", "CI low", "CI high", "over seeds",
-               "seeds CI low", "seeds CI high", "per seed")
+               "seeds CI low", "seeds CI high", "per seed", "by hops")
     for column in columns:
         table.add_column(column)
     for row in comparisons:
         table.add_row(*(f"{row[c]:+.3f}" if isinstance(row[c], float) else str(row[c]) for c in columns))
     console.print(table)
-    if mechanism:
-        keys = [key for key in mechanism[0] if key not in ("task", "setting", "method", "seed")]
+    if mechanism:  # one column per run: the metrics are many more than the runs
+        keys = dict.fromkeys(key for row in mechanism for key in row if key not in ("task", "setting", "method",
+                                                                                    "seed"))
         table = Table(title="mechanism, per RAPO run (means over its steps)")
-        for column in ("task", "setting", "method", "seed", *keys):
-            table.add_column(column.replace("_", " "))
+        table.add_column("")
         for row in mechanism:
-            table.add_row(*(f"{row[c]:.3g}" if isinstance(row[c], float) else str(row[c])
-                            for c in ("task", "setting", "method", "seed", *keys)))
+            table.add_column(f"{row['task']}, {row['setting']}\n{row['method']}, seed {row['seed']}")
+        for key in keys:
+            table.add_row(key.replace("_", " "), *(f"{row[key]:.3g}" if isinstance(row.get(key), float)
+                                                   else str(row.get(key, "")) for row in mechanism))
         console.print(table)
+    print_splice_tables(runs, console)
     if loads:
         print(f"load average (1 min) at the end of each run: median {statistics.median(loads):.2f} "
               f"(min {min(loads):.2f}, max {max(loads):.2f}) on {os.cpu_count()} cores")

@@ -155,6 +155,10 @@ class RetrievalConfig:
     random: bool = False
     """Splice step traces drawn uniformly at random from the buffer instead of the nearest ones (the paper's
     random-retrieval ablation; needs an in-process buffer: ``default`` or a buffer JSONL)."""
+    final_steps: Literal["next_best", "skip", "splice"] = RetrievalSettings.final_steps
+    """What a final-answer step among the candidates does: ``next_best`` (dropped; the best remaining step is
+    spliced), ``skip`` (when the selection picks it, nothing is spliced that round: the expert would answer here)
+    or ``splice`` (spliced as it is, ``<answer>`` and all, as the reference code does)."""
 
     def __post_init__(self) -> None:
         check_choices(self)

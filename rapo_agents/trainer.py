@@ -387,7 +387,8 @@ def retrieval_settings(config: TrainConfig) -> Any:
     return RetrievalSettings(
         retrieve_prob=retrieval.retrieve_prob, topk=retrieval.topk, select=config.select_rule,
         no_retrieve_first_k=retrieval.no_retrieve_first_k, group_size=config.rollout.rollout_n,
-        hybrid_rule=config.algorithm.hybrid_rule, retrieve_after=retrieval.retrieve_after, seed=config.seed)
+        hybrid_rule=config.algorithm.hybrid_rule, retrieve_after=retrieval.retrieve_after,
+        final_steps=retrieval.final_steps, seed=config.seed)
 
 
 def retrieval_wrapper(config: TrainConfig, retriever: Any) -> Callable[[gym.Env], gym.Env]:

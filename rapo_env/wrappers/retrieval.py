@@ -81,6 +81,7 @@ FALLBACK_TEXT = (
 SELECT_RULES = ("max_reward", "most_similar")
 HYBRID_RULES = ("paper", "reference")
 RETRIEVE_AFTER = ("any_round", "tool_round", "first_round")
+FINAL_STEPS = ("next_best", "skip", "splice")
 
 
 def select_candidate(candidates: list[Candidate], rule: str) -> int:
@@ -99,6 +100,11 @@ def select_candidate(candidates: list[Candidate], rule: str) -> int:
     if rule == "most_similar":
         return max(range(len(candidates)), key=lambda i: (candidates[i].score, -i))
     raise ValueError(f"unknown select rule {rule!r}; expected one of {SELECT_RULES}")
+
+
+def is_final(candidate: Candidate) -> bool:
+    """Whether a candidate is a final-answer step (as its buffer says, or as its text shows)."""
+    return bool(candidate.is_final) or is_final_step_text(candidate.value)
 
 
 REFERENCE_ERROR_PREFIX = "Retrieve error: "
@@ -136,8 +142,13 @@ class RetrievalSettings:
     """The splice format, with a ``{value}`` placeholder."""
     fallback_text: str | None = None
     """Spliced (inside ``template``) when the chosen candidate's reward is <= 0; None: `fallback`'s default."""
-    allow_final_steps: bool = False
-    """Splice final-answer steps too (off by default: they break the one-answer format)."""
+    final_steps: Literal["next_best", "skip", "splice"] = "next_best"
+    """What a final-answer step among the candidates does (spec §4's pitfall: its ``<answer>`` breaks the one-answer
+    format, so it is never spliced as it is). ``next_best``: it is dropped and the best remaining step is spliced;
+    ``skip``: when the rule picks it (the expert answered at this point), nothing is spliced this round, so that
+    another question's step does not stand in for it (on multi-hop QA those stand-ins sent 1-hop rollouts
+    searching on: `docs/training.md`, "what a splice carries"); ``splice``: it is spliced like any step (the
+    reference code's behaviour)."""
     hybrid_rule: Literal["paper", "reference"] = "paper"
     """``paper`` (index >= k is hybrid; a failed or empty retrieval splices nothing) or ``reference`` (index > k;
     a failed or empty retrieval splices the reference's error text)."""
@@ -155,7 +166,7 @@ class RetrievalSettings:
 
     def __post_init__(self) -> None:
         for name, allowed in (("select", SELECT_RULES), ("hybrid_rule", HYBRID_RULES),
-                              ("retrieve_after", RETRIEVE_AFTER)):
+                              ("retrieve_after", RETRIEVE_AFTER), ("final_steps", FINAL_STEPS)):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
         if not 0.0 <= self.retrieve_prob <= 1.0:
@@ -302,7 +313,7 @@ class StepTraceRetrievalWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
     def _retrieve(self, query: str, observation: str) -> tuple[dict[str, Any] | None, str | None]:
         """Query the retriever and build the splice; (None, error text) when the retriever failed."""
         settings = self.settings
-        fetch = settings.topk if settings.allow_final_steps else 2 * settings.topk  # room for dropped final steps
+        fetch = 2 * settings.topk if settings.final_steps == "next_best" else settings.topk  # room for dropped ones
         try:
             results = self.retriever.retrieve([normalize_context(query)], fetch)
             candidates = list(results[0])
@@ -317,8 +328,8 @@ class StepTraceRetrievalWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
         else:
             failure = REFERENCE_EMPTY_TEXT
             message = None
-        if not settings.allow_final_steps:
-            candidates = [c for c in candidates if not (c.is_final or is_final_step_text(c.value))]
+        if settings.final_steps == "next_best":
+            candidates = [c for c in candidates if not is_final(c)]
         candidates = candidates[: settings.topk]
         chosen: int | None = None
         if not candidates:
@@ -327,6 +338,8 @@ class StepTraceRetrievalWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
             value = failure
         else:
             chosen = select_candidate(candidates, settings.select)
+            if settings.final_steps == "skip" and is_final(candidates[chosen]):
+                return None, None
             if candidates[chosen].reward <= 0:
                 value, chosen = settings.fallback, None
             else:

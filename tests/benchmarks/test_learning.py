@@ -132,6 +132,8 @@ def flat(config) -> dict:
     ("RAPO", "RAPO first round only", {"retrieval.retrieve_after": ("any_round", "first_round")}),
     # The share of hybrid rollouts: three of four (the old CPU default) instead of the paper's half.
     ("RAPO", "RAPO three of four hybrid", {"retrieval.no_retrieve_first_k": (2, 1)}),
+    # No stand-in for a final-answer step: nothing is spliced where the expert answered.
+    ("RAPO", "RAPO no stand-in for final steps", {"retrieval.final_steps": ("next_best", "skip")}),
 ])
 def test_a_control_differs_from_its_method_only_in_what_it_controls(learning, tmp_path, control, method, difference):
     base, changed = (flat(learning.make_config("math-multistep", "warm-up", 1, [], tmp_path, name))
@@ -171,6 +173,19 @@ def test_rapo_against_grpo_is_given_over_question_pairs_and_over_seeds(learning,
     assert row["CI low"] > row["seeds CI low"]  # the bootstrap over questions leaves out the noise of training
     forest = learning.plot_differences([row], tmp_path / "differences.png")
     assert forest.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_on_multi_hop_qa_the_difference_is_also_given_by_hop_count(learning):
+    hops = [1, 2, 3, 1, 2, 3]
+    runs = [{**finished_run(seed, "GRPO", [1, 0, 0, 1, 0, 0]), "heldout_hops": hops} for seed in (0, 1)]
+    runs += [{**finished_run(0, "RAPO", [1, 1, 0, 1, 1, 0]), "heldout_hops": hops},   # +1 on both 2-hop questions
+             {**finished_run(1, "RAPO", [1, 1, 0, 1, 0, 0]), "heldout_hops": hops}]   # +1 on one
+    (row,) = learning.against(runs, "RAPO", "GRPO")
+    assert {count: difference["mean"] for count, difference in row["by_hops"].items()} == {1: 0.0, 2: 0.75, 3: 0.0}
+    assert row["by hops"].startswith("1: +0.000")
+    runs[-1].pop("heldout_hops")  # a run that does not know its questions' hop counts: no split
+    (row,) = learning.against(runs, "RAPO", "GRPO")
+    assert row["by_hops"] == {} and row["by hops"] == ""
 
 
 def test_seeds_of_an_earlier_report_pool_with_this_runs_but_never_split_across_sources(learning, tmp_path):

@@ -30,6 +30,14 @@ def test_seed_knob_names_work_bare_and_dotted():
     assert config.algorithm.advantage_weight == 0.3
 
 
+def test_the_retrieval_section_reaches_the_wrappers_settings():
+    from rapo_agents.trainer import retrieval_settings
+
+    settings = retrieval_settings(load_config(None, ["retrieval.final_steps=skip", "retrieve_after=first_round"]))
+    assert (settings.final_steps, settings.retrieve_after) == ("skip", "first_round")
+    assert retrieval_settings(load_config()).final_steps == "next_best"  # the final step dropped, the next spliced
+
+
 def test_yaml_then_overrides(tmp_path):
     path = tmp_path / "run.yaml"
     path.write_text("optim:\n  lr: 1e-6\n  betas: [0.9, 0.95]\nretrieval:\n  enabled: false\nseed: 7\n")

@@ -258,20 +258,36 @@ def test_selection_rules_and_fallback():
     assert FALLBACK_TEXT in observation and "<python>wrong</python>" not in observation
 
 
-def test_final_answer_steps_are_not_spliced_unless_allowed():
+def test_a_final_answer_step_is_never_spliced_as_it_is_unless_asked():
     final = Candidate("<answer>\\boxed{10}</answer>", reward=1.0, score=0.99, is_final=True)
     unmarked_final = Candidate("<think>done</think><answer>\\boxed{10}</answer>", reward=1.0, score=0.98)
     retriever = StaticRetriever([final, unmarked_final, Candidate(GOOD_STEP, reward=0.5, score=0.5)])
-    env = StepTraceRetrievalWrapper(CountingTextEnv(), retriever, retrieve_prob=1.0, seed=0)
-    env.reset()
-    observation, _, _, _, info = env.step("<python>1</python>")
+
+    def first_step(**settings):
+        env = StepTraceRetrievalWrapper(CountingTextEnv(), retriever, retrieve_prob=1.0, seed=0, **settings)
+        env.reset()
+        return env.step("<python>1</python>")
+
+    observation, _, _, _, info = first_step()  # next_best: the final steps are dropped, the best other one spliced
     assert "<answer>" not in observation
     assert info["retrieval"]["candidates"] == [GOOD_STEP]
-
-    allowed = StepTraceRetrievalWrapper(CountingTextEnv(), retriever, retrieve_prob=1.0, allow_final_steps=True, seed=0)
-    allowed.reset()
-    observation, *_ = allowed.step("<python>1</python>")
+    observation, _, _, _, info = first_step(final_steps="skip")  # the most similar is final: nothing this round
+    assert info["retrieval"] is None and observation == " <result>\n1\n</result>"
+    observation, _, _, _, info = first_step(final_steps="skip", select="max_reward")  # the rule picks the final
+    assert info["retrieval"] is None
+    observation, *_ = first_step(final_steps="splice")
     assert "<answer>" in observation
+    with pytest.raises(ValueError, match="final_steps must be one of"):
+        RetrievalSettings(final_steps="drop")
+
+
+def test_skipping_final_steps_still_splices_a_step_the_rule_picks_over_them():
+    final = Candidate("<answer>\\boxed{10}</answer>", reward=1.0, score=0.4, is_final=True)
+    retriever = StaticRetriever([Candidate(GOOD_STEP, reward=0.5, score=0.9), final])
+    env = StepTraceRetrievalWrapper(CountingTextEnv(), retriever, retrieve_prob=1.0, seed=0, final_steps="skip")
+    env.reset()
+    info = env.step("<python>1</python>")[4]
+    assert info["retrieval"]["chosen"] == 0 and info["retrieval"]["text"].count(GOOD_STEP) == 1
 
 
 def test_retriever_failure_is_counted_and_the_episode_goes_on():
