@@ -31,8 +31,10 @@ interval of ±0.023 (the size of the difference seen) takes about 7 seeds.
 **The mechanism** (the paper's Fig. 3/4), per RAPO run, means over its steps: the share of hybrid rollouts that got
 a splice and the splices skipped for the budget; reward, response tokens and tool calls of spliced against
 unspliced rollouts; the step entropy before and after a splice (what the retrieval reward scores); rollout and
-update seconds per step. Everything goes to ``benchmarks/results/learning[_quick].json`` and ``.png`` (the curves),
-and ``learning[_quick]_differences.png`` (each method against GRPO, per seed and pooled both ways).
+update seconds per step. On multi-hop QA, `_splices` adds what each splice carried (the hop the rollout needed, one
+it had, or another question's), the randomised effect of a splice at the first tool round by hop count, and every
+comparison split by hop count. Everything goes to ``benchmarks/results/learning[_quick].json`` and ``.png`` (the
+curves), and ``learning[_quick]_differences.png`` (each method against GRPO, per seed and pooled both ways).
 
     python benchmarks/learning.py                 # the full plan (see --help); resumable
     python benchmarks/learning.py --quick         # QA, 1 seed, RAPO and GRPO, 2 steps, 20 held-out questions
@@ -165,7 +167,8 @@ def nanmean(values) -> float:
 
 
 def summarize(task: str, setting: str, seed: int, method: str, folder: Path) -> dict:
-    """One finished run, read back from what it wrote: held-out evaluations, mechanism means, seconds, load."""
+    """One finished run, read back from what it wrote: held-out evaluations, mechanism means, seconds, load; on
+    multi-hop QA also what its splices carried and did, and its held-out questions' hop counts (`_splices`)."""
     from rapo_agents.heldout import paired_difference
     from rapo_agents.metrics import read_metrics
 
