@@ -12,6 +12,8 @@ from __future__ import annotations
 import doctest
 import importlib
 import io
+import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -48,12 +50,21 @@ def import_or_skip_extra(name: str):
 
 
 @pytest.mark.parametrize("name", modules_with_examples())
-def test_docstring_examples_run(name):
+def test_docstring_examples_run(name, tmp_path, monkeypatch):
     module = import_or_skip_extra(name)
     tests = [test for test in doctest.DocTestFinder().find(module) if test.examples]
     assert tests, f"{name} has '>>> ' in its source, but doctest finds no example in its docstrings"
     output = io.StringIO()
     runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS)
-    for test in tests:
-        runner.run(test, out=output.write)
+    # The examples make scratch folders with tempfile (one points RAPO_CACHE_DIR at one and fills it with a
+    # converted model, 0.5 GB): they go under this test's tmp_path, which pytest removes, and the environment
+    # the examples change is put back, so nothing leaks into /tmp or into the tests that follow.
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    environment = dict(os.environ)
+    try:
+        for test in tests:
+            runner.run(test, out=output.write)
+    finally:
+        os.environ.clear()
+        os.environ.update(environment)
     assert runner.failures == 0, output.getvalue()
