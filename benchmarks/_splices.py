@@ -63,9 +63,10 @@ def training_chains(folder: Path) -> dict[str, list[str]]:
     from rapo_agents.config import load_config
     from rapo_env.tasks.knowledge_base import KnowledgeBase
 
-    knowledge_base = load_config(str(folder / "config.yaml"), []).data.env_kwargs.get("knowledge_base") or {}
+    env_kwargs = load_config(str(folder / "config.yaml"), []).data.env_kwargs
     return {task.id: list(task.metadata["search_queries"])
-            for task in KnowledgeBase.generate(0, **knowledge_base).split("train")}
+            for task in KnowledgeBase.generate(0, **env_kwargs.get("knowledge_base") or {}).split(
+                "train", env_kwargs.get("hops"))}
 
 
 def heldout_hops(folder: Path, evaluation: dict) -> list[int] | None:
@@ -75,9 +76,10 @@ def heldout_hops(folder: Path, evaluation: dict) -> list[int] | None:
     from rapo_agents.heldout import accuracy_by_hops
     from rapo_env.tasks.knowledge_base import KnowledgeBase
 
-    knowledge_base = load_config(str(folder / "config.yaml"), []).data.env_kwargs.get("knowledge_base") or {}
+    env_kwargs = load_config(str(folder / "config.yaml"), []).data.env_kwargs
     correct = evaluation["correct"]
-    tasks = KnowledgeBase.generate(0, **knowledge_base).split("test")[: len(correct)]
+    tasks = KnowledgeBase.generate(0, **env_kwargs.get("knowledge_base") or {}).split(
+        "test", env_kwargs.get("hops"))[: len(correct)]
     recorded = {key: value for key, value in evaluation.items() if key.startswith("eval/accuracy_hops")}
     if not recorded or accuracy_by_hops(tasks, correct) != recorded:
         return None

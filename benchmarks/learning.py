@@ -3,6 +3,8 @@
 Every run is `rapo train` on an embedded task (SmolLM2-135M-Instruct, generated questions, real tools):
 
 - ``qa``: 1-3-hop questions over the generated knowledge base with ``<search>`` (``configs/qa.yaml``);
+- ``qa-2hop``: the same config with only the 2-hop questions (``data.env_kwargs.hops=[2]``) for training, the
+  buffer, the warm-up and the held-out evaluation: every splice there can hand the rollout the hop it needs;
 - ``math-multistep``: procedural math in two dependent python calls (``configs/math_multistep.yaml``);
 - ``math``: the `make run` default (one python call; a third row, where RAPO is expected to equal GRPO).
 
@@ -64,8 +66,9 @@ from _report import CONFIGS, RESULTS_DIR, report
 from _splices import (after_two_hops, first_round_effects, group_ids, heldout_hops, pooled, splice_content,
                       training_chains)
 
-TASKS = {"qa": CONFIGS / "qa.yaml", "math-multistep": CONFIGS / "math_multistep.yaml", "math": None}
-"""Each task's config (None: the embedded default)."""
+TASKS = {"qa": (CONFIGS / "qa.yaml", []), "qa-2hop": (CONFIGS / "qa.yaml", ["data.env_kwargs.hops=[2]"]),
+         "math-multistep": (CONFIGS / "math_multistep.yaml", []), "math": (None, [])}
+"""Each task's config (None: the embedded default) and its overrides."""
 METHODS = {
     "GRPO": ["retrieval.enabled=false"],
     "RAPO": [],
@@ -121,9 +124,9 @@ def make_config(task: str, setting: str, seed: int, overrides: list[str], folder
     from rapo_agents.config import load_config
 
     method_overrides = METHODS[method] if method else ["retrieval.enabled=false", "total_steps=0"]
-    config_path = TASKS[task]
+    config_path, task_overrides = TASKS[task]
     return load_config(str(config_path) if config_path else None, [
-        *SETTINGS[setting], *overrides, *method_overrides, f"seed={seed}", "logging.plot=false",
+        *task_overrides, *SETTINGS[setting], *overrides, *method_overrides, f"seed={seed}", "logging.plot=false",
         "logging.progress=false", f"logging.output_dir={folder}"])
 
 
@@ -188,7 +191,7 @@ def summarize(task: str, setting: str, seed: int, method: str, folder: Path) -> 
     splices = {}
     if retrieves(method):
         mechanism |= unspliced_selection(folder, trajectories)
-    if task == "qa":  # what a splice carried, and what the policy did at the second hop of 3-hop questions
+    if task.startswith("qa"):  # what a splice carried, and what the policy did at the second hop of 3-hop questions
         chains = training_chains(folder)
         splices = {"after_two_hops": after_two_hops(trajectories, chains),
                    "heldout_hops": heldout_hops(folder, heldout[-1]) if heldout else None}
@@ -371,15 +374,18 @@ def plot(runs: list[dict], path: Path, title: str) -> Path:
     return path
 
 
-def plot_differences(comparisons: list[dict], path: Path) -> Path:
+def plot_differences(comparisons: list[dict], path: Path) -> Path | None:
     """A forest plot of each comparison against GRPO: every seed's paired difference with its bootstrap interval
-    over questions, then the two pooled intervals (over question pairs, and over seeds)."""
+    over questions, then the two pooled intervals (over question pairs, and over seeds); None without one (GRPO
+    did not run)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     shown = [row for row in comparisons if row["comparison"].endswith(" - GRPO")]
+    if not shown:
+        return None
     figure, axes = plt.subplots(len(shown), 1, figsize=(7.5, 1.2 + 0.28 * sum(row["seeds"] + 2 for row in shown)),
                                 squeeze=False, layout="constrained")
     for axis, row in zip(axes.flat, shown, strict=True):
@@ -576,7 +582,7 @@ def main() -> None:
            extra={"overrides": overrides, "plan": {key: getattr(args, key) for key in defaults}, "runs": runs,
                   "comparisons": comparisons, "mechanism": mechanism, "splices": splice_tables(runs),
                   "plot": str(picture),
-                  "differences_plot": str(forest),
+                  "differences_plot": forest and str(forest),
                   "wall_seconds_this_invocation": time.time() - started, "load_average_per_run": loads,
                   "cpu_count": os.cpu_count(), "reported_from_existing_runs": args.report_only})
     from rich.console import Console
@@ -607,7 +613,7 @@ def main() -> None:
     if loads:
         print(f"load average (1 min) at the end of each run: median {statistics.median(loads):.2f} "
               f"(min {min(loads):.2f}, max {max(loads):.2f}) on {os.cpu_count()} cores")
-    print(f"curves: {picture}; differences against GRPO, per seed and pooled: {forest}")
+    print(f"curves: {picture}" + (f"; differences against GRPO, per seed and pooled: {forest}" if forest else ""))
 
 
 if __name__ == "__main__":

@@ -196,8 +196,10 @@ def default_buffer_config(config: TrainConfig):
     if data.source == "procedural_kb":
         knowledge_base = data.env_kwargs.get("knowledge_base") or {}
         topk = (data.env_kwargs.get("search") or {}).get("topk", 3)
+        hops = data.env_kwargs.get("hops")
         return DefaultBufferConfig(task="qa", num_tasks=data.max_tasks or 100_000,
-                                   knowledge_base=tuple(sorted(knowledge_base.items())), search_topk=topk, **common)
+                                   knowledge_base=tuple(sorted(knowledge_base.items())), search_topk=topk,
+                                   hops=None if hops is None else tuple(hops), **common)
     return None
 
 

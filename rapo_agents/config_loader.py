@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import os
+import typing
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -132,14 +133,32 @@ def leaf_paths(cls: type = TrainConfig, prefix: str = "") -> list[str]:
     return paths
 
 
+def mapping_paths(cls: type = TrainConfig, prefix: str = "") -> list[str]:
+    """The dotted keys of the settings that hold a mapping (``data.env_kwargs``), into which an override may
+    reach: ``data.env_kwargs.hops=[2]``.
+
+    Example:
+        >>> "data.env_kwargs" in mapping_paths()
+        True
+    """
+    paths = []
+    for name, annotation in field_types(cls).items():
+        if dataclasses.is_dataclass(annotation):
+            paths.extend(mapping_paths(annotation, f"{prefix}{name}."))
+        elif typing.get_origin(annotation) is dict:
+            paths.append(prefix + name)
+    return paths
+
+
 def resolve_key(key: str) -> str:
-    """The full dotted path of ``key``: itself when it is one, else the unique leaf with that name.
+    """The full dotted path of ``key``: itself when it is one or lies inside a mapping setting, else the unique
+    leaf with that name.
 
     Raises:
         ConfigError: for a key that matches no setting or several.
     """
     paths = leaf_paths()
-    if key in paths:
+    if key in paths or any(key.startswith(f"{mapping}.") for mapping in mapping_paths()):
         return key
     if key in ALIASES:
         return ALIASES[key]

@@ -67,7 +67,8 @@ class DefaultBufferConfig(ScriptedSourceConfig):
         if self.split not in SPLIT_SEEDS:
             raise ValueError(f"split must be one of {sorted(SPLIT_SEEDS)}, got {self.split!r}")
         if self.task == "qa":
-            tasks = KnowledgeBase.generate(0, **dict(self.knowledge_base)).split(self.split)[: self.num_tasks]
+            questions = KnowledgeBase.generate(0, **dict(self.knowledge_base)).split(self.split, self.hops)
+            tasks = questions[: self.num_tasks]
         else:
             tasks = ProceduralMath(seed=SPLIT_SEEDS[self.split], num_tasks=self.num_tasks, difficulty=self.difficulty)
         settings = dataclasses.asdict(self)

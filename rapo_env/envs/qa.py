@@ -81,6 +81,7 @@ class QASource:
     knowledge_base: KnowledgeBaseConfig | dict[str, Any] | None = None
     ability: str | None = None
     limit: int | None = None
+    hops: Sequence[int] | None = None
     cache_root: Path | None = None
     """Where generated bases and indexes are kept (None: ``$RAPO_CACHE_DIR`` or ``~/.cache/rapo``)."""
     embedder: Embedder | None = None
@@ -91,18 +92,22 @@ def resolve_qa_source(source: QASource) -> tuple[Sequence[Task], WikiSearch | st
     knowledge base, the base itself, that ``source`` names.
 
     Raises:
-        QADatasetError: a task file without a corpus to search.
+        QADatasetError: a task file without a corpus to search, or ``hops`` for another dataset.
     """
     cache_root = source.cache_root if source.cache_root is not None else rapo_cache_dir()
     dataset, limit, embedder = source.dataset, source.limit, source.embedder
     knowledge_base: KnowledgeBase | None = None
     own_index: Path | None = None
-    if isinstance(dataset, str) and dataset == "procedural":
+    is_generated = isinstance(dataset, str) and dataset == "procedural"
+    if source.hops is not None and not is_generated:
+        raise QADatasetError(f"hops={source.hops!r} selects the generated knowledge base's questions; "
+                             f"dataset {dataset!r} has no hop counts")
+    if is_generated:
         kb_config = source.knowledge_base
         if isinstance(kb_config, dict):
             kb_config = KnowledgeBaseConfig(**kb_config)
         knowledge_base, own_index = shared_knowledge_base(source.seed, cache_root, kb_config, embedder)
-        tasks: Sequence[Task] = knowledge_base.split(source.split)
+        tasks: Sequence[Task] = knowledge_base.split(source.split, source.hops)
     elif isinstance(dataset, (str, Path)) and is_hotpotqa_file(dataset):
         tasks = load_hotpotqa(dataset, limit=limit)
         if not (source.search_url or source.index_path or source.corpus_path):
@@ -152,6 +157,7 @@ class QAEnv(ToolEnv):
         data_source: Keep only tasks whose ``data_source`` is this (DeepResearcher mixes nq, hotpotqa, ...).
         ability: Keep only rows of this ``ability`` (the reference's RL parquet mixes ``math`` and ``qa``).
         limit: Keep at most this many tasks.
+        hops: Keep only the generated knowledge base's questions of these hop counts (default: every count).
         cache_dir: Where generated bases and indexes are kept (default ``$RAPO_CACHE_DIR`` or ``~/.cache/rapo``).
         embedder: A `rapo_tools.search.embedding.Embedder` to share (default: the embedded MiniLM).
         system_prompt: Overrides the default prompt that explains the tags; ``"short"`` is
@@ -181,6 +187,7 @@ class QAEnv(ToolEnv):
         data_source: str | None = None,
         ability: str | None = None,
         limit: int | None = None,
+        hops: Sequence[int] | None = None,
         cache_dir: str | os.PathLike | None = None,
         embedder: Embedder | None = None,
         system_prompt: str | None = None,
@@ -192,8 +199,8 @@ class QAEnv(ToolEnv):
             raise ValueError(f"tools must include 'search' and only use {QA_TOOLS}, got {tuple(tools)}")
         source = QASource(dataset=dataset, split=split, search_url=search_url, index_path=index_path,
                           corpus_path=corpus_path, seed=seed, knowledge_base=knowledge_base, ability=ability,
-                          limit=limit, cache_root=Path(cache_dir) if cache_dir is not None else rapo_cache_dir(),
-                          embedder=embedder)
+                          limit=limit, hops=hops, embedder=embedder,
+                          cache_root=Path(cache_dir) if cache_dir is not None else rapo_cache_dir())
         tasks, backend, self.knowledge_base = resolve_qa_source(source)
         if data_source is not None:
             tasks = TaskList(

@@ -30,7 +30,7 @@ import os
 import random
 import shutil
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -472,20 +472,29 @@ class KnowledgeBase:
             },
         )
 
-    def split(self, name: str) -> TaskList:
-        """The questions of one split (``train``, ``validation`` or ``test``), hop counts interleaved.
+    def split(self, name: str, hops: int | Collection[int] | None = None) -> TaskList:
+        """The questions of one split (``train``, ``validation`` or ``test``), hop counts interleaved; with
+        ``hops``, only the questions of those hop counts, in the same order.
 
         The order is 1-hop, 2-hop, 3-hop, 1-hop, ... (while each lasts), so that the first N questions of a
         split, which a warm-up clones and a held-out evaluation scores, mix every hop count.
+
+        Raises:
+            KnowledgeBaseError: an unknown split, or hop counts outside 1-``max_hops``.
         """
         if name not in SPLITS:
             raise KnowledgeBaseError(f"split must be one of {sorted(SPLITS)}, got {name!r}")
+        counts = set(range(1, self.config.max_hops + 1))
+        kept = counts if hops is None else {hops} if isinstance(hops, int) else set(hops)
+        if not kept or not kept <= counts:
+            raise KnowledgeBaseError(f"hops must name hop counts among 1-{self.config.max_hops}, got {hops!r}")
         rank: dict[int, int] = {}
         keyed = []
-        for task in (t for t in self.questions if t.metadata["split"] == name):
-            hops = task.metadata["hops"]
-            rank[hops] = rank.get(hops, -1) + 1
-            keyed.append(((rank[hops], hops), task))
+        for task in self.questions:
+            count = task.metadata["hops"]
+            if task.metadata["split"] == name and count in kept:
+                rank[count] = rank.get(count, -1) + 1
+                keyed.append(((rank[count], count), task))
         return TaskList(f"{self.questions.name}-{name}", [task for _, task in sorted(keyed, key=lambda kt: kt[0])])
 
     # ----- persistence ------------------------------------------------------------------------------------

@@ -141,6 +141,12 @@ def test_a_control_differs_from_its_method_only_in_what_it_controls(learning, tm
     assert {key: (base[key], changed[key]) for key in base if base[key] != changed[key]} == difference
 
 
+def test_the_two_hop_task_is_the_qa_config_with_only_its_two_hop_questions(learning, tmp_path):
+    qa, two_hop = (flat(learning.make_config(task, "warm-up", 1, [], tmp_path, "RAPO")) for task in ("qa", "qa-2hop"))
+    assert {key: (qa.get(key), two_hop[key]) for key in two_hop if qa.get(key) != two_hop[key]} == {
+        "data.env_kwargs": (qa["data.env_kwargs"], {**qa["data.env_kwargs"], "hops": [2]})}
+
+
 def test_which_methods_retrieve(learning):
     assert not learning.retrieves("GRPO two rollouts per question") and not learning.retrieves("GRPO")
     assert learning.retrieves("RAPO first round only")

@@ -48,6 +48,15 @@ def test_yaml_then_overrides(tmp_path):
     assert config.select_rule == "max_reward" and config.algorithm.hybrid_rule == "reference"
 
 
+def test_an_override_reaches_into_a_mapping_setting_and_keeps_its_other_keys(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("data:\n  env_id: RAPO-QA-v0\n  source: procedural_kb\n  env_kwargs:\n    search:\n      topk: 1\n")
+    config = load_config(path, ["data.env_kwargs.hops=[2]", "data.env_kwargs.search.topk=2"])
+    assert config.data.env_kwargs == {"search": {"topk": 2}, "hops": [2]}
+    with pytest.raises(ConfigError, match="unknown setting 'data.env_kwarg.hops'"):
+        load_config(None, ["data.env_kwarg.hops=[2]"])
+
+
 def test_round_trip_through_yaml(tmp_path):
     config = load_config(None, ["rollout_n=3", "lr=3e-6", "output_dir=somewhere"])
     config.to_yaml(tmp_path / "config.yaml")

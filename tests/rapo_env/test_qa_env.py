@@ -201,6 +201,18 @@ def test_file_datasets_need_a_corpus(shared_data):
         QAEnv(dataset=shared_data / "qa/arpo_bamboogle_test.jsonl")
 
 
+def test_hops_keeps_the_questions_of_those_hop_counts_in_the_splits_order(kb_options, shared_data):
+    every = QAEnv(split="train", **kb_options).tasks
+    two_and_three = QAEnv(split="train", hops=[2, 3], **kb_options).tasks
+    assert [task.id for task in two_and_three] == [task.id for task in every if task.metadata["hops"] > 1]
+    assert [task.id for task in QAEnv(split="train", hops=1, limit=5, **kb_options).tasks] == [
+        task.id for task in every if task.metadata["hops"] == 1][:5]
+    with pytest.raises(KnowledgeBaseError, match="hop counts among 1-3, got \\[4\\]"):
+        QAEnv(hops=[4], **kb_options)
+    with pytest.raises(QADatasetError, match="no hop counts"):
+        QAEnv(dataset=shared_data / "qa/arpo_bamboogle_test.jsonl", hops=[2], search_url="http://127.0.0.1:9")
+
+
 # ----- failing services never crash an episode --------------------------------------------------------------
 
 

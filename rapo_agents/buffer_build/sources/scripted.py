@@ -53,6 +53,8 @@ class ScriptedSourceConfig:
     """QA: `KnowledgeBaseConfig` fields to change, as ``(name, value)`` pairs (a tuple, so the settings hash)."""
     search_topk: int = 3
     """QA: passages per ``<search>`` result (the training env's, so spliced results look like its own)."""
+    hops: tuple[int, ...] | None = None
+    """QA: only the questions of these hop counts (the training env's ``hops``); None: every count."""
 
     def __post_init__(self) -> None:
         if self.task not in TASK_FAMILIES:
@@ -64,7 +66,7 @@ class ScriptedSourceConfig:
             from rapo_env.envs.qa import QAEnv
 
             return QAEnv(split=self.split, limit=self.num_tasks, knowledge_base=dict(self.knowledge_base),
-                         search={"topk": self.search_topk}, max_tool_calls=self.max_tool_calls)
+                         hops=self.hops, search={"topk": self.search_topk}, max_tool_calls=self.max_tool_calls)
         from rapo_env.envs.math import MathEnv
 
         return MathEnv(split=self.split, num_tasks=self.num_tasks, difficulty=self.difficulty,
