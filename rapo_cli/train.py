@@ -146,6 +146,9 @@ def run(args: argparse.Namespace) -> int:
         checks.existing_file(args.config, "--config", "give a YAML config such as configs/grpo.yaml")
     config = load_config(args.config, args.overrides)
     check_config(config)  # files, env id, model and choices, before the model loads
+    for setting in ("data.env_kwargs", "evaluation.heldout_env_kwargs"):
+        section, _, name = setting.partition(".")
+        checks.known_env_arguments(getattr(getattr(config, section), name), config.data.env_id, setting)
     if args.print_config:
         print(yaml.safe_dump(config.to_dict(), sort_keys=False), end="")  # plain: no rich markup or wrapping
         return 0

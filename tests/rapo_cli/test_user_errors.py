@@ -21,6 +21,8 @@ CASES = {
     "train: missing buffer": (["train", f"retrieval.retriever={MISSING}.jsonl",
                                f"retrieval.index_path={MISSING}.index"], "retrieval.retriever"),
     "train: unknown env": (["train", "data.env_id=RAPO-Nope-v0"], "data.env_id"),
+    "train: an env kwarg the env does not take": (["train", "data.env_kwargs.hops=[2]"],
+                                                   "data.env_kwargs: RAPO-Math-v0 takes no argument 'hops'"),
     "eval: unknown env": (["eval", "--env", "RAPO-Nope-v0"], "--env"),
     "eval: env kwargs not an object": (["eval", "--env-kwargs", "[1]"], "--env-kwargs"),
     "eval: env kwargs not JSON": (["eval", "--env-kwargs", "{dataset: x}"], "--env-kwargs"),
