@@ -104,3 +104,12 @@ def test_held_out_hop_counts_are_given_only_when_they_reproduce_the_runs_own_acc
     shifted = {**evaluation, "correct": correct[1:] + correct[:1]}  # another order than the one evaluated
     assert splices.heldout_hops(tmp_path, shifted) is None
     assert splices.heldout_hops(tmp_path, {"correct": correct}) is None  # a run that did not record its hops
+
+
+def test_a_two_hop_runs_chains_are_its_two_hop_training_questions(splices, tmp_path):
+    from rapo_agents.config import load_config
+
+    load_config(str(BENCHMARKS.parent / "configs" / "qa.yaml"), ["data.env_kwargs.hops=[2]"]).to_yaml(
+        tmp_path / "config.yaml")
+    chains = splices.training_chains(tmp_path)
+    assert len(chains) > 256 and {len(chain) for chain in chains.values()} == {2}
