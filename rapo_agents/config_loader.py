@@ -117,23 +117,28 @@ def check_config(config: TrainConfig) -> None:
 
 
 
-def leaf_paths(cls: type = TrainConfig, prefix: str = "") -> list[str]:
+def leaf_types(cls: type = TrainConfig, prefix: str = "") -> dict[str, Any]:
+    """Every settable dotted key of a config class, with its type annotation."""
+    types: dict[str, Any] = {}
+    for name, annotation in field_types(cls).items():
+        if dataclasses.is_dataclass(annotation):
+            types |= leaf_types(annotation, f"{prefix}{name}.")
+        else:
+            types[prefix + name] = annotation
+    return types
+
+
+def leaf_paths(cls: type = TrainConfig) -> list[str]:
     """Every settable dotted key of a config class.
 
     Example:
         >>> "rollout.rollout_n" in leaf_paths()
         True
     """
-    paths = []
-    for name, annotation in field_types(cls).items():
-        if dataclasses.is_dataclass(annotation):
-            paths.extend(leaf_paths(annotation, f"{prefix}{name}."))
-        else:
-            paths.append(prefix + name)
-    return paths
+    return list(leaf_types(cls))
 
 
-def mapping_paths(cls: type = TrainConfig, prefix: str = "") -> list[str]:
+def mapping_paths(cls: type = TrainConfig) -> list[str]:
     """The dotted keys of the settings that hold a mapping (``data.env_kwargs``), into which an override may
     reach: ``data.env_kwargs.hops=[2]``.
 
@@ -141,13 +146,7 @@ def mapping_paths(cls: type = TrainConfig, prefix: str = "") -> list[str]:
         >>> "data.env_kwargs" in mapping_paths()
         True
     """
-    paths = []
-    for name, annotation in field_types(cls).items():
-        if dataclasses.is_dataclass(annotation):
-            paths.extend(mapping_paths(annotation, f"{prefix}{name}."))
-        elif typing.get_origin(annotation) is dict:
-            paths.append(prefix + name)
-    return paths
+    return [path for path, annotation in leaf_types(cls).items() if typing.get_origin(annotation) is dict]
 
 
 def resolve_key(key: str) -> str:
