@@ -417,12 +417,13 @@ def with_earlier_runs(runs: list[dict], reports: list[str]) -> list[dict]:
     """``runs`` and the runs of earlier reports of this benchmark (``--with-report``), to be tabulated together.
 
     A saved report keeps every evaluation's per-question results, so seeds run by another session (whose run
-    folders are gone) pool with this invocation's. Each run keeps where it came from (``source``), and the methods
-    of one (task, setting, seed) must all come from one source: runs of different commits may decode otherwise, so
-    they are paired only within a source.
+    folders are gone) pool with this invocation's. Each run keeps where it came from (``source``). Runs of another
+    commit or CPU may decode otherwise, so the methods of one (task, setting, seed) pair across sources only when
+    their shared step-0 evaluation gave the same answers, question by question: then they started from the same
+    model, scored by the same decoder.
 
     Raises:
-        ValueError: for a report that cannot be read, or a seed whose methods come from different sources.
+        ValueError: for a report that cannot be read, or a seed whose sources start from different step-0 answers.
     """
     combined = list(runs)
     for path in reports:
@@ -432,6 +433,7 @@ def with_earlier_runs(runs: list[dict], reports: list[str]) -> list[dict]:
             raise ValueError(f"--with-report {path}: not a report of this benchmark ({error})") from error
         combined += [{**run, "source": run.get("source", path)} for run in saved]
     sources: dict[tuple, str] = {}
+    starts: dict[tuple, list | None] = {}
     methods: set[tuple] = set()
     evaluated: dict[tuple, tuple[str, str]] = {}
     for run in combined:
@@ -445,9 +447,15 @@ def with_earlier_runs(runs: list[dict], reports: list[str]) -> list[dict]:
                              f"pool: rerun with --set evaluation.weight_format={first_format}, or leave one out")
         if (*seed, run["method"]) in methods:
             raise ValueError(f"{where}: {run['method']} is there twice (from {sources[seed]} and {run['source']})")
-        if sources.setdefault(seed, run["source"]) != run["source"]:
-            raise ValueError(f"{where}: runs come from both {sources[seed]} and {run['source']}; a seed's methods "
-                             "pair only within one source, so leave that seed out of one of them")
+        start = run["heldout"][0].get("correct")
+        first_start = starts.setdefault(seed, start)
+        if sources.setdefault(seed, run["source"]) != run["source"] and (start is None or start != first_start):
+            comparable = start is not None and first_start is not None and len(start) == len(first_start)
+            differing = (f"on {sum(a != b for a, b in zip(start, first_start, strict=True))} of {len(start)} questions"
+                         if comparable else "in their questions")
+            raise ValueError(f"{where}: runs come from both {sources[seed]} and {run['source']}, whose step-0 "
+                             f"evaluations differ {differing}; they did not start from the same model or decoder, "
+                             "so leave that seed out of one of them")
         methods.add((*seed, run["method"]))
     return combined
 

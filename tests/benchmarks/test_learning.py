@@ -194,7 +194,7 @@ def test_on_multi_hop_qa_the_difference_is_also_given_by_hop_count(learning):
     assert row["by_hops"] == {} and row["by hops"] == ""
 
 
-def test_seeds_of_an_earlier_report_pool_with_this_runs_but_never_split_across_sources(learning, tmp_path):
+def test_seeds_of_an_earlier_report_pool_with_this_runs_and_split_only_from_the_same_step_0(learning, tmp_path):
     report = tmp_path / "learning_qa_earlier.json"
     report.write_text(json.dumps({"runs": [finished_run(0, "GRPO", [0, 1]), finished_run(0, "RAPO", [1, 1])]}))
     mine = [finished_run(1, method, correct, "runs/learning/full") for method, correct in (("GRPO", [0, 0]),
@@ -206,8 +206,12 @@ def test_seeds_of_an_earlier_report_pool_with_this_runs_but_never_split_across_s
     (row,) = learning.against(combined, "RAPO", "GRPO")
     assert row["seeds"] == 2 and row["pooled"] == pytest.approx(0.5)
 
-    split = [finished_run(0, "RAPO", [1, 1], "runs/learning/full")]  # seed 0's GRPO is only in the report
-    with pytest.raises(ValueError, match="seed 0: runs come from both"):
+    split = [finished_run(0, "RAPO no shaping", [1, 0], "runs/learning/full")]  # seed 0's GRPO and RAPO: report
+    combined = learning.with_earlier_runs(split, [str(report)])  # the same step-0 answers: one start, pairs
+    (row,) = learning.against(combined, "RAPO no shaping", "RAPO")
+    assert row["pairs"] == 2 and row["pooled"] == pytest.approx(-0.5)
+    split[0]["heldout"][0]["correct"] = [1.0, 0.0]  # another start (another commit or CPU): never paired
+    with pytest.raises(ValueError, match="seed 0: runs come from both .* step-0 evaluations differ on 1 of 2"):
         learning.with_earlier_runs(split, [str(report)])
     with pytest.raises(ValueError, match="seed 0: GRPO is there twice"):
         learning.with_earlier_runs(mine, [str(report), str(report)])
