@@ -447,12 +447,12 @@ def with_earlier_runs(runs: list[dict], reports: list[str]) -> list[dict]:
                              f"pool: rerun with --set evaluation.weight_format={first_format}, or leave one out")
         if (*seed, run["method"]) in methods:
             raise ValueError(f"{where}: {run['method']} is there twice (from {sources[seed]} and {run['source']})")
-        start = run["heldout"][0].get("correct")
+        start = (run["heldout"] or [{}])[0].get("correct")  # the shared step-0 evaluation's answers
         first_start = starts.setdefault(seed, start)
         if sources.setdefault(seed, run["source"]) != run["source"] and (start is None or start != first_start):
             comparable = start is not None and first_start is not None and len(start) == len(first_start)
             differing = (f"on {sum(a != b for a, b in zip(start, first_start, strict=True))} of {len(start)} questions"
-                         if comparable else "in their questions")
+                         if comparable else "or were not kept question by question")
             raise ValueError(f"{where}: runs come from both {sources[seed]} and {run['source']}, whose step-0 "
                              f"evaluations differ {differing}; they did not start from the same model or decoder, "
                              "so leave that seed out of one of them")
@@ -518,7 +518,8 @@ def main() -> None:
                         help="tabulate the finished run folders under --output again, without training")
     parser.add_argument("--with-report", nargs="*", default=[], metavar="JSON",
                         help="earlier reports of this benchmark (docs/results/learning_*.json) whose runs are "
-                             "tabulated and pooled with these (a seed's methods must all come from one of them)")
+                             "tabulated and pooled with these (a seed's methods pair across them only when their "
+                             "step-0 answers agree question by question)")
     args = parser.parse_args()
     if args.quick:
         defaults = {"tasks": ["qa"], "methods": ["GRPO", "RAPO"], "settings": ["warm-up"], "seeds": [0],
