@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from rapo_agents.lora import merged_weights
+from rapo_agents.policies.row_attention import row_attention, row_attention_available
 from rapo_agents.policies.unit_rows import from_unit_rows, to_unit_rows
 
 SUPPORTED_MODEL_TYPES = ("llama",)
@@ -249,6 +250,10 @@ class LlamaDecoder:
         theta = float(rope.get("rope_theta", getattr(config, "rope_theta", 10000.0)))
         exponents = torch.arange(0, self.head_dim, 2, dtype=torch.float32) / self.head_dim
         self.inv_freq = (1.0 / theta**exponents).to(device)
+        # int8 takes attention that depends on a row's own tokens alone (`row_attention`), because its matmuls
+        # already do: then a row decodes the same tokens whatever shares its batch. fp32 and bf16 keep torch's
+        # kernel: their matmuls round differently with the batch anyway, and torch's attention is faster.
+        self.row_attention = weight_format == "int8" and row_attention_available(self.head_dim)
         self.layers: list[_Layer] = []
         self.embed = self.final_norm = torch.empty(0)
         self.lm_head: _Linear | None = None
@@ -349,7 +354,7 @@ class LlamaDecoder:
         # no query row is fully masked (SDPA would give NaN, and NaN times a zero weight poisons real rows).
         # A decode step without padding needs no mask at all (SDPA is faster without one).
         visible = None if seq == 1 and not cache.padded else cache.valid[:, None, None, :end]
-        if seq > 1:
+        if seq > 1 and not self.row_attention:
             causal = torch.ones(seq, end, dtype=torch.bool, device=self.device).tril(diagonal=start)
             itself = F.pad(torch.eye(seq, seq, dtype=torch.bool, device=self.device), (start, 0))
             visible = ((visible & causal) | itself)[:, :, None].expand(batch, 1, groups, seq, end)
@@ -373,12 +378,16 @@ class LlamaDecoder:
             cache.keys[index, :, :, start:end] = qk[:, self.heads:]
             cache.values[index, :, :, start:end] = qkv[..., q_size + kv_size:].view(
                 batch, seq, self.kv_heads, self.head_dim).transpose(1, 2)
-            # Grouped-query attention without copying the cache: the query heads sharing a KV head become
-            # extra query rows of that head.
-            attended = F.scaled_dot_product_attention(
-                q.reshape(batch, self.kv_heads, groups * seq, self.head_dim),
-                cache.keys[index, :, :, :end], cache.values[index, :, :, :end], attn_mask=visible)
-            attended = attended.view(batch, self.heads, seq, self.head_dim).transpose(1, 2).reshape(batch * seq, q_size)
+            if self.row_attention:
+                attended = row_attention(q, cache.keys[index], cache.values[index], cache.valid, start)
+            else:
+                # Grouped-query attention without copying the cache: the query heads sharing a KV head become
+                # extra query rows of that head.
+                attended = F.scaled_dot_product_attention(
+                    q.reshape(batch, self.kv_heads, groups * seq, self.head_dim),
+                    cache.keys[index, :, :, :end], cache.values[index, :, :, :end], attn_mask=visible)
+                attended = attended.view(batch, self.heads, seq, self.head_dim).transpose(1, 2)
+            attended = attended.reshape(batch * seq, q_size)
             x = x + layer.o(attended if real is None else attended[real])
             gate, up = layer.gate_up(self._norm(x, layer.post_norm)).chunk(2, dim=-1)
             x = x + layer.down(F.silu(gate) * up)

@@ -4,10 +4,10 @@
 fbgemm's kernel and undoing the map after it (`_Linear._int8_matmul` says why). In eager torch that map is 12 small
 ops around every matmul, 120 matmuls a decode step: a quarter of a batch-1 step on a 2-core AVX2 CPU, more than the
 rest of the step's non-matmul work. Here each direction is one C loop, compiled on first use with the system's C
-compiler (``cc``, ``-O3 -march=native -fopenmp-simd -ffp-contract=off``) into ``$RAPO_CACHE_DIR/native`` and called
-through ``ctypes``. The C code performs the same IEEE float32 operations as the eager ops (the undo step is fused
-multiply-add, as torch's ``addcmul_`` is on AVX2); the vector lanes reorder only each row's minimum and maximum,
-which are exact in any order. So both give bit-identical results on the same CPU;
+compiler (``cc``, ``-O3 -march=native -fopenmp-simd -ffp-contract=off``, `rapo_agents.policies.native`). The C
+code performs the same IEEE float32 operations as the eager ops (the undo step is fused multiply-add, as torch's
+``addcmul_`` is on AVX2); the vector lanes reorder only each row's minimum and maximum, which are exact in any
+order. So both give bit-identical results on the same CPU;
 ``tests/rapo_agents/policies/test_unit_rows.py`` checks that. Where no compiler works (or ``RAPO_NATIVE=0``), the
 eager ops run.
 
@@ -26,17 +26,10 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
-import os
-import platform
-import subprocess
-import tempfile
-from pathlib import Path
 
 import torch
 
-NATIVE_ENV_VAR = "RAPO_NATIVE"
-"""Set to ``0`` to run the eager torch ops instead of the compiled loops (the results are the same)."""
+from rapo_agents.policies.native import NATIVE_ENV_VAR, compiled_library
 
 MIN_HALF_RANGE = 1e-12
 """The smallest half range a row is divided by (a constant row maps to 0 instead of dividing by 0)."""
@@ -84,45 +77,15 @@ void from_unit_rows(float* out, const float* scales, const float* weight_sums, i
 }
 """
 
-_FLAGS = ("-O3", "-march=native", "-fopenmp-simd", "-ffp-contract=off", "-shared", "-fPIC")
-
-
-def _cpu_key() -> str:
-    """What the compiled code depends on besides its source: the CPU (``-march=native``) and the platform."""
-    try:
-        with open("/proc/cpuinfo") as cpuinfo:
-            lines = [line for line in cpuinfo.read().splitlines() if line.startswith(("model name", "flags"))][:2]
-    except OSError:
-        lines = [platform.processor()]
-    return "\n".join([platform.machine(), platform.system(), *lines])
+_FLAGS = ("-O3", "-march=native", "-fopenmp-simd", "-ffp-contract=off")
 
 
 @functools.cache
 def _library() -> ctypes.CDLL | None:
     """The compiled loops (built once per source, flags and CPU), or None where they cannot be built or are off."""
-    if os.environ.get(NATIVE_ENV_VAR, "1") == "0" or platform.system() != "Linux":
-        return None
-    from rapo_tools.cache import rapo_cache_dir
-
-    digest = hashlib.sha256("\n".join([_SOURCE, *_FLAGS, _cpu_key()]).encode()).hexdigest()[:16]
-    target = rapo_cache_dir("native", f"unit_rows-{digest}.so")
-    try:
-        if not target.exists():
-            target.parent.mkdir(parents=True, exist_ok=True)
-            with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
-                source, built = Path(scratch, "unit_rows.c"), Path(scratch, "unit_rows.so")
-                source.write_text(_SOURCE)
-                subprocess.run(["cc", *_FLAGS, str(source), "-o", str(built), "-lm"], check=True,
-                               capture_output=True, timeout=120)
-                os.replace(built, target)  # atomic: a second process building at once keeps either copy
-        library = ctypes.CDLL(str(target))
-    except (OSError, subprocess.SubprocessError):
-        return None
-    pointer, size = ctypes.c_void_p, ctypes.c_int64
-    library.to_unit_rows.argtypes = [pointer, pointer, pointer, size, size, ctypes.c_float]
-    library.from_unit_rows.argtypes = [pointer, pointer, pointer, size, size]
-    library.to_unit_rows.restype = library.from_unit_rows.restype = None
-    return library
+    return compiled_library("unit_rows", _SOURCE, _FLAGS, {
+        "to_unit_rows": (["pointer", "pointer", "pointer", "int64", "int64", "float"], "void"),
+        "from_unit_rows": (["pointer", "pointer", "pointer", "int64", "int64"], "void")})
 
 
 def native_available() -> bool:

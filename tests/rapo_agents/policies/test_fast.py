@@ -172,22 +172,30 @@ def test_smollm2_int8_agrees_with_the_reference_within_tolerance(smollm2, smollm
 
 
 @pytest.mark.slow
-def test_smollm2_int8_quantizes_each_row_on_its_own_whatever_else_is_in_its_batch(smollm2, smollm2_chat):
-    # The question is the batch's longest row (no padding), so its float inputs are the same alone and together:
-    # equal outputs then mean no other row's values reached its quantization (with one range for the whole input
-    # they did: tokens differed from the 9th). A *padded* row is not covered: its attention runs over extra masked
-    # slots, whose float rounding (about 5e-6 in fp32) can flip int8 roundings.
-    def fresh():  # its own policy each: nothing one generation leaves behind can reach the other
-        return FastPolicy(smollm2.model, smollm2.tokenizer, weight_format="int8")
+def test_smollm2_int8_decodes_a_row_the_same_whatever_its_batch_padding_threads_or_prefill_split(
+        smollm2, smollm2_chat):
+    # Each matmul input row is quantized on its own range, and attention sums over the row's own slots in a fixed
+    # order (`row_attention`), so no other row, padding slot, thread count or earlier prefill reaches its bits.
+    # With torch's attention kernel instead (RAPO_NATIVE=0) every one of these parted, log-probs by up to 0.9.
+    def fresh(threads: int = 1):  # its own policy each: nothing one generation leaves behind can reach the other
+        return FastPolicy(smollm2.model, smollm2.tokenizer, weight_format="int8", threads=threads)
 
+    if not fresh().decoder.row_attention:
+        pytest.skip("no C compiler ('cc') builds the fixed-order attention kernel here")
     question = smollm2_chat("What is 17 * 23? Use python.")
-    others = [smollm2_chat("Name the capital of Australia and its population."), smollm2_chat("Hi")]
+    longer = smollm2_chat("Name the capital of Australia, its population, and the river that runs through it.")
+    assert len(longer) > len(question)
     greedy = SamplingParams(temperature=0.0, max_new_tokens=24, stop=())
     alone = fresh().generate([question], greedy)[0]
-    assert len(question) > max(len(other) for other in others)
-    together = fresh().generate([others[0], question, others[1]], greedy)[1]
-    assert together.token_ids == alone.token_ids
-    assert together.logprobs == alone.logprobs  # each row is quantized on its own range: exactly equal
+    padded = fresh().generate([smollm2_chat("Hi"), question, longer], greedy)[1]  # left-padded to the longer row
+    two_threads = fresh(threads=2).generate([longer, question], greedy)[1]
+    split = fresh()
+    split.generate([question[:-7]], greedy.replace(max_new_tokens=1))  # stored: the question's last 7 tokens come
+    resumed = split.generate([question], greedy)[0]                     # in a second prefill
+    assert split.prefill_stats.reused_tokens > 0
+    for other in (padded, two_threads, resumed):
+        assert other.token_ids == alone.token_ids
+        assert other.logprobs == alone.logprobs  # exactly equal
 
 
 ISA_PROBE = """
