@@ -44,9 +44,11 @@ def cpu_facts() -> dict[str, Any]:
     facts["torch_cpu_capability"] = torch.backends.cpu.get_cpu_capability()
     facts["isa_env"] = {name: os.environ[name] for name in ISA_ENV if name in os.environ}
     facts["cores"] = os.cpu_count()
+    from rapo_agents.policies.row_attention import row_attention_available
     from rapo_agents.policies.unit_rows import native_available
 
     facts["native_unit_rows"] = native_available()  # the int8 path's compiled loops (else its eager ops)
+    facts["native_row_attention"] = row_attention_available(64)  # else torch's attention: not batch-invariant
     return facts
 
 
@@ -55,4 +57,5 @@ def cpu_line(cpu: dict[str, Any]) -> str:
     knobs = ", ".join(f"{k}={v}" for k, v in cpu["isa_env"].items()) or "no ISA env knobs"
     return (f"CPU: {cpu['model']} ({cpu['cores']} cores); ISA: {', '.join(cpu['isa']) or 'none listed'}; "
             f"torch dispatch {cpu['torch_cpu_capability']}; {knobs}; int8 row map "
-            f"{'compiled' if cpu.get('native_unit_rows') else 'eager'}")
+            f"{'compiled' if cpu.get('native_unit_rows') else 'eager'}, int8 attention "
+            f"{'fixed-order (compiled)' if cpu.get('native_row_attention') else 'torch SDPA'}")

@@ -38,7 +38,6 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from rapo_agents.lora import unwrapped
 from rapo_agents.policies.base import Generation, SamplingParams
 from rapo_agents.policies.decoding import Row, max_stop_chars, step_rows
 from rapo_agents.policies.hf import HFPolicy
@@ -47,7 +46,6 @@ from rapo_agents.policies.llama_decoder import (
     LlamaDecoder,
     check_supported,
     default_weight_format,
-    input_maxima,
 )
 from rapo_agents.policies.prefix_cache import Match, PrefillStats, PrefixCache, shared_prefixes
 
@@ -160,9 +158,10 @@ class FastPolicy(HFPolicy):
         """Pack the module's current weights into the decoder (what a weight sync costs)."""
         if self.decoder.weight_format == "int8" and self._repacks % self.recalibrate_every == 0:
             # Smoothing is an exact rewrite whatever the scales, so scales from a few updates ago only cost
-            # a little int8 precision, while the calibration forward is a third of a repack.
-            with self._inference():
-                self._maxima = input_maxima(unwrapped(self.model), self._calibration)
+            # a little int8 precision, while calibrating (a pack without smoothing and its own forward) costs
+            # more than the repack itself.
+            self.decoder.load_from(self.model)
+            self._maxima = self.decoder.input_maxima(self._calibration)
         self.decoder.load_from(self.model, self._maxima)
         self.prefix_cache.clear()  # KV computed with the old weights
         self._repacks += 1

@@ -79,32 +79,8 @@ def default_weight_format(device: torch.device) -> str:
     return "bf16" if cpu_has_bf16() else "fp32"
 
 
-SMOOTHING_ALPHA = 0.5
-"""SmoothQuant's migration strength ``a``: with per-token activation ranges (`_Linear`), 0.5 gave SmolLM2-135M the
-smallest log-prob error of 0/0.3/0.4/0.5/0.7 (mean |diff| 0.17 on 12 sampled 40-token rows; 1.52 unsmoothed; 0.25
-with the earlier per-tensor 8-bit activations at 0.7)."""
-
 SMOOTHED_INPUTS = ("self_attn.q_proj", "mlp.gate_proj", "mlp.down_proj")
 """The matmul inputs of each layer whose channel maxima SmoothQuant uses (plus the model's ``lm_head``)."""
-
-
-@torch.no_grad()
-def input_maxima(model: Any, input_ids: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Per-channel ``max |x|`` of the inputs of the matmuls `LlamaDecoder.load_from` smooths, over one forward."""
-    maxima: dict[str, torch.Tensor] = {}
-    hooks = []
-    for name, module in model.named_modules():
-        if name == "lm_head" or name.endswith(SMOOTHED_INPUTS):
-            def record(_module, inputs, name=name):
-                maxima[name] = inputs[0].detach().abs().float().flatten(0, -2).amax(dim=0)
-
-            hooks.append(module.register_forward_pre_hook(record))
-    try:
-        model(input_ids=input_ids)
-    finally:
-        for hook in hooks:
-            hook.remove()
-    return maxima
 
 
 class _Linear:
@@ -270,10 +246,10 @@ class LlamaDecoder:
     def load_from(self, source: Any, input_maxima: Mapping[str, torch.Tensor] | None = None) -> None:
         """Copy (and pack) the weights of a module or a state dict of the same architecture.
 
-        ``input_maxima`` (`input_maxima` of the same weights on typical text) turns on SmoothQuant for int8:
-        each matmul's input channels are divided by ``s = max|x|^a / max|w|^(1-a)`` and its weight columns
-        multiplied by it, folded into the RMSNorm weights (and the up projection before the down one), so
-        the math is unchanged but activation outliers no longer eat the int8 range.
+        ``input_maxima`` (`input_maxima` of the same weights, packed without it, on typical text) turns on
+        SmoothQuant for int8: each matmul's input channels are divided by ``s = sqrt(max|x| / max|w|)`` and its
+        weight columns multiplied by it, folded into the RMSNorm weights (and the up projection before the down
+        one), so the math is unchanged but activation outliers no longer eat the int8 range.
         """
         state = merged_weights(source)
 
@@ -287,7 +263,9 @@ class LlamaDecoder:
                 return torch.ones(weight.shape[1], device=self.device)
             x_max = input_maxima[module].to(self.device).clamp(min=1e-5)
             w_max = weight.abs().amax(dim=0).clamp(min=1e-5)
-            return (x_max**SMOOTHING_ALPHA / w_max ** (1 - SMOOTHING_ALPHA)).clamp(1e-2, 1e2)
+            # SmoothQuant's migration strength 1/2 (the smallest log-prob error of 0/0.3/0.4/0.5/0.7 on
+            # SmolLM2-135M), as a square root: IEEE-exact on every ISA, where pow's vector kernels are not.
+            return (x_max / w_max).sqrt().clamp(1e-2, 1e2)
 
         layers = []
         for i in range(int(self.config.num_hidden_layers)):
@@ -336,13 +314,33 @@ class LlamaDecoder:
         return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
 
     @torch.inference_mode()
+    def input_maxima(self, input_ids: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Per-channel ``max |x|`` of the inputs of the matmuls `load_from` smooths, over one row ``[1, seq]``.
+
+        Taken from this decoder's own forward, packed without smoothing: its int8 path is exact on every ISA,
+        so the scales are too (a transformers forward sums in another order on AVX2 than on AVX-512).
+        """
+        maxima: dict[str, torch.Tensor] = {}
+        seq = input_ids.shape[1]
+        self.forward(input_ids, torch.arange(seq)[None], self.new_cache(1, seq), 0,
+                     torch.ones(1, seq, dtype=torch.bool), record=maxima)
+        return maxima
+
+    @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, cache: KVCache, start: int,
-                valid: torch.Tensor) -> torch.Tensor:
+                valid: torch.Tensor, record: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
         """Run ``input_ids`` ``[batch, seq]`` written at cache slots ``start..start+seq``; last-position logits.
 
         ``positions`` are the RoPE positions of those tokens, ``valid`` ``[batch, seq]`` marks the real
         (not left-padding) ones. Returns float32 logits ``[batch, vocab]`` of each row's last token.
+        ``record``, if given, receives the channel maxima of `input_maxima`.
         """
+
+        def recorded(name: str, inputs: torch.Tensor) -> torch.Tensor:
+            if record is not None:
+                record[name] = inputs.abs().amax(dim=0)
+            return inputs
+
         batch, seq = input_ids.shape
         end = start + seq
         groups = self.heads // self.kv_heads
@@ -367,7 +365,8 @@ class LlamaDecoder:
         real = valid.reshape(-1).nonzero().squeeze(1) if seq > 1 and not bool(valid.all()) else None
         x = self.embed[input_ids.reshape(-1) if real is None else input_ids.reshape(-1)[real]]
         for index, layer in enumerate(self.layers):
-            qkv = layer.qkv(self._norm(x, layer.input_norm)).to(self.dtype)
+            prefix = f"model.layers.{index}."
+            qkv = layer.qkv(recorded(prefix + "self_attn.q_proj", self._norm(x, layer.input_norm))).to(self.dtype)
             if real is not None:
                 qkv = qkv.new_zeros(batch * seq, qkv.shape[-1]).index_copy_(0, real, qkv)
             qkv = qkv.view(batch, seq, -1)
@@ -389,9 +388,11 @@ class LlamaDecoder:
                 attended = attended.view(batch, self.heads, seq, self.head_dim).transpose(1, 2)
             attended = attended.reshape(batch * seq, q_size)
             x = x + layer.o(attended if real is None else attended[real])
-            gate, up = layer.gate_up(self._norm(x, layer.post_norm)).chunk(2, dim=-1)
-            x = x + layer.down(F.silu(gate) * up)
+            gate, up = layer.gate_up(recorded(prefix + "mlp.gate_proj", self._norm(x, layer.post_norm))).chunk(2, -1)
+            x = x + layer.down(recorded(prefix + "mlp.down_proj", F.silu(gate) * up))
         # Each row's last token is real (rows are left-padded): the last of its run in the packed order.
         last = (torch.arange(1, batch + 1, device=self.device) * seq if real is None
                 else valid.sum(dim=1).cumsum(0)) - 1
+        if record is not None:
+            recorded("lm_head", self._norm(x, self.final_norm))
         return self.lm_head(self._norm(x[last], self.final_norm))

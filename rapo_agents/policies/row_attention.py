@@ -127,13 +127,13 @@ void row_attention(const float* q, const float* keys, const float* values, const
 """
 
 _FLAGS = ("-O3", "-march=native", "-fopenmp", "-ffp-contract=off")
+_SIGNATURES = {"row_attention": (["pointer"] * 5 + ["int64"] * 7 + ["float", "int"], "void")}
 
 
 @functools.cache
 def _library() -> ctypes.CDLL | None:
     """The compiled kernel (built once per source, flags and CPU), or None where it cannot be built or is off."""
-    return compiled_library("row_attention", _SOURCE, _FLAGS, {"row_attention": (
-        ["pointer"] * 5 + ["int64"] * 7 + ["float", "int"], "void")})
+    return compiled_library("row_attention", _SOURCE, _FLAGS, _SIGNATURES)
 
 
 def row_attention_available(head_dim: int) -> bool:

@@ -212,17 +212,17 @@ print(json.dumps([generation.token_ids, generation.logprobs, torch.backends.cpu.
 """
 
 
-AVX2_ONLY = {"int8": {"FBGEMM_ENABLE_INSTRUCTIONS": "AVX2"},
-             "fp32": {"ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}}
-"""What limits each weight format's kernels to AVX2, as on an AVX2-only CPU: fbgemm does the int8 matmuls; torch's
-own kernels, MKL and oneDNN the fp32 ones. Each library reads its variable when torch loads."""
+AVX2_ONLY = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2",
+             "FBGEMM_ENABLE_INSTRUCTIONS": "AVX2"}
+"""What limits torch's kernels to AVX2, as on an AVX2-only CPU: its own, MKL's and oneDNN's (fp32 matmuls) and
+fbgemm's (int8 matmuls). Each library reads its variable when torch loads."""
 
 
 def start_decoding(weight_format: str, avx2_only: bool) -> subprocess.Popen:
     """The probe in a fresh interpreter, decoding ``weight_format`` on AVX2 kernels or on the CPU's best."""
-    env = {k: v for k, v in os.environ.items() if k not in AVX2_ONLY[weight_format]}
+    env = {k: v for k, v in os.environ.items() if k not in AVX2_ONLY}
     if avx2_only:
-        env.update(AVX2_ONLY[weight_format])
+        env.update(AVX2_ONLY)
     return subprocess.Popen([sys.executable, "-c", ISA_PROBE, weight_format], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
 
@@ -234,20 +234,15 @@ def decoding_of(probe: subprocess.Popen) -> list:
 
 
 @pytest.mark.slow
-def test_smollm2_int8_gives_the_same_tokens_and_logprobs_on_fbgemms_avx2_kernels():
-    # On a VNNI CPU the default kernels add u8 x s8 products straight into int32; the AVX2 ones go through
-    # saturating int16 pairs. Bit-identical outputs mean no sum saturated (on an AVX2-only CPU both runs are AVX2).
-    # The two single-threaded probes run side by side.
-    avx2, default = start_decoding("int8", avx2_only=True), start_decoding("int8", avx2_only=False)
-    assert decoding_of(avx2)[:2] == decoding_of(default)[:2]
-
-
-@pytest.mark.slow
-def test_smollm2_fp32_gives_the_same_tokens_on_avx2_kernels():
-    # fp32 sums in another order on AVX2 than on AVX-512 (other vector widths and blockings), so the log-probs may
-    # move in the last bits, but the greedy tokens must not: that is what makes a seed's fp32 accuracy the same on
-    # every CPU. (On an AVX2-only CPU both runs are AVX2.)
-    avx2, default = start_decoding("fp32", avx2_only=True), start_decoding("fp32", avx2_only=False)
+@pytest.mark.parametrize("weight_format", ["int8", "fp32"])
+def test_smollm2_gives_the_same_greedy_tokens_on_avx2_kernels(weight_format):
+    # What makes a checkpoint's accuracy the same on every CPU. fp32 sums in another order on AVX2 than on AVX-512
+    # (other vector widths and blockings), so its log-probs move in the last bits, but its greedy tokens must not.
+    # int8 is exact on every ISA but for the log-probs' final log-softmax: fbgemm's AVX2 kernels add u8 x s8
+    # products through saturating int16 pairs where VNNI adds them straight into int32 (equal tokens: no sum
+    # saturated), its SmoothQuant scales come from its own forward, and attention is `row_attention`.
+    # (On an AVX2-only CPU both runs are AVX2.)
+    avx2, default = start_decoding(weight_format, avx2_only=True), start_decoding(weight_format, avx2_only=False)
     (avx2_tokens, avx2_logprobs, capability), (tokens, logprobs, _) = decoding_of(avx2), decoding_of(default)
     assert capability == "AVX2"  # torch's own kernels took the limit
     assert avx2_tokens == tokens

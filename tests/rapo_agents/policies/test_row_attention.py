@@ -3,10 +3,13 @@ tokens alone, not on the padding, the cache window, the other rows of the batch,
 
 from __future__ import annotations
 
+import platform
+
 import pytest
 import torch
 
 from rapo_agents.policies import row_attention as module
+from rapo_agents.policies.native import compiled_library
 from rapo_agents.policies.row_attention import row_attention, row_attention_available
 
 pytestmark = pytest.mark.skipif(not row_attention_available(64), reason="no C compiler ('cc') builds the kernel here")
@@ -128,3 +131,20 @@ def test_without_the_kernel_it_answers_none_and_the_decoder_keeps_torchs_attenti
         assert not LlamaDecoder(tiny_config(16), "int8", torch.device("cpu")).row_attention
     finally:
         module._library.cache_clear()
+
+
+@pytest.mark.skipif(platform.machine() != "x86_64", reason="compares x86-64 builds of other vector widths")
+def test_builds_for_other_vector_widths_give_the_same_bits(monkeypatch):
+    # The kernel is built for the CPU it runs on (-march=native): AVX-512 here, AVX2 or SSE2 elsewhere. Its sums
+    # run in 16 fixed lanes and its exponential in plain float32 operations, so every build gives the same bits.
+    keys, values, generator = random_cache(3, 96, seed=7)
+    valid = torch.ones(3, 96, dtype=torch.bool)
+    valid[1, :20], valid[2, 40:45] = False, False
+    q = 4 * torch.randn(3, HEADS, 9, DIM, generator=generator)
+    native = row_attention(q, keys, values, valid, start=80)
+    for march in ("x86-64-v3", "x86-64"):  # AVX2 with FMA; SSE2
+        library = compiled_library(f"row_attention_{march}", module._SOURCE,
+                                   ("-O3", f"-march={march}", "-fopenmp", "-ffp-contract=off"), module._SIGNATURES)
+        assert library is not None
+        monkeypatch.setattr(module, "_library", lambda library=library: library)
+        assert torch.equal(row_attention(q, keys, values, valid, start=80), native), march
