@@ -18,7 +18,7 @@ Example:
     >>> q, keys, values = torch.randn(1, 2, 1, 16), torch.randn(1, 1, 4, 16), torch.randn(1, 1, 4, 16)
     >>> valid = torch.tensor([[True, False, True, True]])  # slot 1 is a gap: never attended to
     >>> out = row_attention(q, keys, values, valid, start=3)
-    >>> out is None or tuple(out.shape)  # [batch, seq, heads * dim]
+    >>> out is None or tuple(out.shape) == (1, 1, 32)  # [batch, seq, heads * dim]; None without a C compiler
     True
 """
 
