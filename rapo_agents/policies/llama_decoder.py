@@ -230,6 +230,9 @@ class LlamaDecoder:
         # already do: then a row decodes the same tokens whatever shares its batch. fp32 and bf16 keep torch's
         # kernel: their matmuls round differently with the batch anyway, and torch's attention is faster.
         self.row_attention = weight_format == "int8" and row_attention_available(self.head_dim)
+        self.smoothed_inputs = [tuple(f"model.layers.{i}.{name}" for name in SMOOTHED_INPUTS)
+                                for i in range(int(config.num_hidden_layers))]
+        """Each layer's `SMOOTHED_INPUTS`, by module name: the keys of `input_maxima` (and of ``lm_head``)."""
         self.layers: list[_Layer] = []
         self.embed = self.final_norm = torch.empty(0)
         self.lm_head: _Linear | None = None
@@ -274,8 +277,9 @@ class LlamaDecoder:
             qkv = torch.cat([get(attention + f"{n}_proj.weight") for n in "qkv"])
             gate_up = torch.cat([get(mlp + "gate_proj.weight"), get(mlp + "up_proj.weight")])
             down = get(mlp + "down_proj.weight")
-            s_qkv, s_gate_up, s_down = (smoothing(attention + "q_proj", qkv), smoothing(mlp + "gate_proj", gate_up),
-                                        smoothing(mlp + "down_proj", down))
+            qkv_input, gate_up_input, down_input = self.smoothed_inputs[i]
+            s_qkv, s_gate_up, s_down = (smoothing(qkv_input, qkv), smoothing(gate_up_input, gate_up),
+                                        smoothing(down_input, down))
             gate_up = gate_up * s_gate_up
             gate_up[down.shape[1]:] /= s_down[:, None]  # silu(gate) * up / s: the down input, smoothed
             layers.append(_Layer(
@@ -313,6 +317,23 @@ class LlamaDecoder:
         half = x.shape[-1] // 2
         return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
 
+    def _sdpa_mask(self, cache: KVCache, start: int, seq: int) -> torch.Tensor | None:
+        """torch's attention mask for queries at slots ``start..start+seq``, grouped as `forward` queries."""
+        batch, end, groups = cache.valid.shape[0], start + seq, self.heads // self.kv_heads
+        # Recounted at every call (cheap): a prefill after `KVCache.place` leaves gaps mid-row, and rows that
+        # leave the batch may take the last padding with them.
+        cache.padded = not bool(cache.valid[:, :end].all())
+        # Causal over the written slots; padding slots are never attended to, except each by itself, so that
+        # no query row is fully masked (SDPA would give NaN, and NaN times a zero weight poisons real rows).
+        # A decode step without padding needs no mask at all (SDPA is faster without one).
+        visible = None if seq == 1 and not cache.padded else cache.valid[:, None, None, :end]
+        if seq > 1:
+            causal = torch.ones(seq, end, dtype=torch.bool, device=self.device).tril(diagonal=start)
+            itself = F.pad(torch.eye(seq, seq, dtype=torch.bool, device=self.device), (start, 0))
+            visible = ((visible & causal) | itself)[:, :, None].expand(batch, 1, groups, seq, end)
+            visible = visible.reshape(batch, 1, groups * seq, end)
+        return visible
+
     @torch.inference_mode()
     def input_maxima(self, input_ids: torch.Tensor) -> dict[str, torch.Tensor]:
         """Per-channel ``max |x|`` of the inputs of the matmuls `load_from` smooths, over one row ``[1, seq]``.
@@ -345,18 +366,7 @@ class LlamaDecoder:
         end = start + seq
         groups = self.heads // self.kv_heads
         cache.valid[:, start:end] = valid
-        # Recounted at every call (cheap): a prefill after `KVCache.place` leaves gaps mid-row, and rows that
-        # leave the batch may take the last padding with them.
-        cache.padded = not bool(cache.valid[:, :end].all())
-        # Causal over the written slots; padding slots are never attended to, except each by itself, so that
-        # no query row is fully masked (SDPA would give NaN, and NaN times a zero weight poisons real rows).
-        # A decode step without padding needs no mask at all (SDPA is faster without one).
-        visible = None if seq == 1 and not cache.padded else cache.valid[:, None, None, :end]
-        if seq > 1 and not self.row_attention:
-            causal = torch.ones(seq, end, dtype=torch.bool, device=self.device).tril(diagonal=start)
-            itself = F.pad(torch.eye(seq, seq, dtype=torch.bool, device=self.device), (start, 0))
-            visible = ((visible & causal) | itself)[:, :, None].expand(batch, 1, groups, seq, end)
-            visible = visible.reshape(batch, 1, groups * seq, end)
+        visible = None if self.row_attention else self._sdpa_mask(cache, start, seq)
         cos, sin = self._rope(positions)
         q_size, kv_size = self.heads * self.head_dim, self.kv_heads * self.head_dim
         # A prefill's rows are left-padded to its longest one (35% of the prefill tokens of a QA evaluation were
@@ -365,8 +375,8 @@ class LlamaDecoder:
         real = valid.reshape(-1).nonzero().squeeze(1) if seq > 1 and not bool(valid.all()) else None
         x = self.embed[input_ids.reshape(-1) if real is None else input_ids.reshape(-1)[real]]
         for index, layer in enumerate(self.layers):
-            prefix = f"model.layers.{index}."
-            qkv = layer.qkv(recorded(prefix + "self_attn.q_proj", self._norm(x, layer.input_norm))).to(self.dtype)
+            qkv_input, gate_up_input, down_input = self.smoothed_inputs[index]
+            qkv = layer.qkv(recorded(qkv_input, self._norm(x, layer.input_norm))).to(self.dtype)
             if real is not None:
                 qkv = qkv.new_zeros(batch * seq, qkv.shape[-1]).index_copy_(0, real, qkv)
             qkv = qkv.view(batch, seq, -1)
@@ -388,8 +398,8 @@ class LlamaDecoder:
                 attended = attended.view(batch, self.heads, seq, self.head_dim).transpose(1, 2)
             attended = attended.reshape(batch * seq, q_size)
             x = x + layer.o(attended if real is None else attended[real])
-            gate, up = layer.gate_up(recorded(prefix + "mlp.gate_proj", self._norm(x, layer.post_norm))).chunk(2, -1)
-            x = x + layer.down(recorded(prefix + "mlp.down_proj", F.silu(gate) * up))
+            gate, up = layer.gate_up(recorded(gate_up_input, self._norm(x, layer.post_norm))).chunk(2, dim=-1)
+            x = x + layer.down(recorded(down_input, F.silu(gate) * up))
         # Each row's last token is real (rows are left-padded): the last of its run in the packed order.
         last = (torch.arange(1, batch + 1, device=self.device) * seq if real is None
                 else valid.sum(dim=1).cumsum(0)) - 1
