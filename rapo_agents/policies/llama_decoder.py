@@ -120,6 +120,10 @@ class _Linear:
         products in saturating int16 lanes; 255 * 127 * 2 overflows them, 127 * 128 * 2 cannot. With 8 bits an
         AVX2 CPU gave other greedy tokens than a VNNI one from the first token on (``FBGEMM_ENABLE_INSTRUCTIONS=AVX2``
         reproduces that path on a VNNI CPU); with 7 bits the int32 sums are exact and the outputs identical.
+
+        Each row's residual (what rounding to the 7-bit grid loses) joins the input as a second row on its own
+        range, and the two results are added (`to_unit_rows`): 14-bit activations for twice the rows. One pass
+        left the embedded model 0.11 below float32 in greedy held-out accuracy, outside the interval.
         """
         unit, scales = to_unit_rows(rows)  # one compiled loop each way where a C compiler is at hand
         return from_unit_rows(torch.ops.quantized.linear_dynamic(unit, self.weight, True), scales, self.weight_sums)
