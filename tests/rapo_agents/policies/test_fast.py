@@ -22,8 +22,9 @@ from rapo_agents.update import logprob_mismatch, needs_logprob_correction
 SAMPLED = SamplingParams(temperature=1.0, max_new_tokens=24, stop=(), seed=7)
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=16, stop=())
 
-INT8_MEAN_TOLERANCE = 0.35
-"""Mean |log-prob diff| per sampled token allowed for int8 decoding of SmolLM2 (measured ~0.17)."""
+INT8_MEAN_TOLERANCE = 0.15
+"""Mean |log-prob diff| per sampled token allowed for int8 decoding of SmolLM2 (measured 0.075; 0.17 before each
+row's rounding residual joined the matmuls)."""
 
 
 @pytest.fixture
