@@ -69,10 +69,11 @@ class HeldoutConfig:
     """How the fast CPU policy (`FastPolicy`) decodes the evaluation: ``fp32`` (exact: the trained weights' own
     greedy answers, the same on every run, and the same 100 of 100 with the kernels limited to AVX2: another
     CPU's float32 kernels differ only in the last bits, docs/training.md "fp32 on an AVX2 CPU"), ``int8`` or
-    ``bf16`` (faster, and lossy where a greedy answer hangs on a near tie: after the default run's warm-up, three
-    int8 evaluations of the same weights scored 0.54, 0.63 and 0.70 where fp32 scored 0.71 every time,
-    docs/training.md "Held-out evaluation"), or None (the rollout policy's own, ``rollout.weight_format``). Other
-    policies (vLLM, HTTP) decode their own way."""
+    ``bf16`` (lossy where a greedy answer hangs on a near tie: after the default run's warm-up, int8 scored 0.54-0.70
+    where fp32 scored 0.71 every time; 0.69 since each row's rounding residual joins the matmuls, but then only 1.3x
+    faster at an evaluation's batch, docs/training.md "Held-out evaluation" and "The rounding residual as a second
+    row"), or None (the rollout policy's own, ``rollout.weight_format``). Other policies (vLLM, HTTP) decode their own
+    way."""
     heldout_env_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
     """``gym.make`` keyword arguments of the held-out env on top of the training env's (e.g. a ``dataset`` file
     for a data source that has no ``split``)."""
