@@ -3,8 +3,9 @@
 `LlamaDecoder` quantizes each matmul input row on its own range by mapping the row affinely onto [-1, 1] before
 fbgemm's kernel and undoing the map after it (`_Linear._int8_matmul` says why). The kernel rounds each mapped value
 to a 7-bit grid (`KERNEL_STEP`); what that rounding loses (the row's residual) goes through the same matmul as a
-second row, on its own range, and the two results are added: 14-bit activations at the cost of twice the rows, which
-at batch 1 reads the weights once all the same. That cut the teacher-forced log-prob error of the embedded model
+second row, on its own range, and the two results are added: 14-bit activations at the cost of twice the rows
+(fbgemm's kernel is bound by arithmetic from a few rows on, so about 15% of a batch-1 decode step and a third at
+batch 16). That cut the teacher-forced log-prob error of the embedded model
 about threefold and brought its greedy held-out accuracy level with float32 (`docs/training.md`).
 
 In eager torch the map is a dozen small ops around every matmul, 120 matmuls a decode step: a quarter of a batch-1
@@ -22,7 +23,7 @@ Example:
     >>> unit, scales = to_unit_rows(rows)  # the fixed [1, -1, 0...] row, the row mapped, then its residual mapped
     >>> unit[:2].tolist(), unit.shape, scales.shape
     ([[1.0, -1.0, 0.0], [-1.0, 0.0, 1.0]], torch.Size([3, 3]), torch.Size([2, 2]))
-    >>> on_grid = (unit * KERNEL_STEP_INVERSE).round() * KERNEL_STEP  # as the kernel rounds its input
+    >>> on_grid = on_kernel_grid(unit)  # as the kernel rounds its input
     >>> identity = torch.eye(3)  # after the identity map (weight rows summing to 1), the rows come back
     >>> [round(value, 3) for value in from_unit_rows(on_grid @ identity.T, scales, identity.sum(dim=1))[0].tolist()]
     [0.0, 2.0, 4.0]
@@ -128,6 +129,11 @@ def _loaded(native: bool | None) -> ctypes.CDLL | None:
     return library
 
 
+def on_kernel_grid(unit: torch.Tensor) -> torch.Tensor:
+    """Mapped values rounded as fbgemm's 7-bit input quantization rounds them (round half to even)."""
+    return (unit * KERNEL_STEP_INVERSE).round_().mul_(KERNEL_STEP)
+
+
 def _eager_map(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """`to_unit_rows`' map of each row alone, in torch ops: ``(unit rows, [half range, centre] per row)``."""
     low, high = torch.aminmax(rows, dim=-1, keepdim=True)
@@ -149,7 +155,7 @@ def to_unit_rows(rows: torch.Tensor, native: bool | None = None) -> tuple[torch.
     m, k = rows.shape
     if library is None:
         unit, scales = _eager_map(rows)
-        approx = (unit * KERNEL_STEP_INVERSE).round_().mul_(KERNEL_STEP).mul_(scales[:, :1]).add_(scales[:, 1:])
+        approx = on_kernel_grid(unit).mul_(scales[:, :1]).add_(scales[:, 1:])
         residual_unit, residual_scales = _eager_map(rows - approx)
         fixed = torch.zeros(1, k)
         fixed[0, :2] = torch.tensor([1.0, -1.0])[:k]

@@ -3,17 +3,15 @@ for bit (so a machine without a C compiler decodes the same tokens)."""
 
 from __future__ import annotations
 
-import warnings
-
 import pytest
 import torch
 
 from rapo_agents.policies import unit_rows
+from rapo_agents.policies.llama_decoder import _Linear
 from rapo_agents.policies.unit_rows import (
-    KERNEL_STEP,
-    KERNEL_STEP_INVERSE,
     from_unit_rows,
     native_available,
+    on_kernel_grid,
     to_unit_rows,
 )
 
@@ -44,22 +42,17 @@ def test_each_row_and_its_residual_map_onto_minus_one_to_one_after_the_fixed_row
     assert not unit[1].any()  # a constant row maps to 0 (its half range is the floor, not 0)
     half, centre = scales[:5, :1], scales[:5, 1:]
     assert torch.allclose(unit[1:6] * half + centre, rows, rtol=1e-5, atol=1e-5 * rows.abs().max())
-    on_grid = (unit[1:6] * KERNEL_STEP_INVERSE).round() * KERNEL_STEP * half + centre
+    on_grid = on_kernel_grid(unit[1:6]) * half + centre
     residual_half, residual_centre = scales[5:, :1], scales[5:, 1:]
     assert torch.allclose(unit[6:] * residual_half + residual_centre, rows - on_grid, rtol=1e-5,
                           atol=1e-5 * (rows - on_grid).abs().max())
-
-
-def kernel_rounding(unit: torch.Tensor) -> torch.Tensor:
-    """The mapped values as fbgemm's 7-bit input quantization rounds them."""
-    return (unit * KERNEL_STEP_INVERSE).round() * KERNEL_STEP
 
 
 @pytest.mark.parametrize("native", [False, pytest.param(True, marks=needs_native)])
 def test_the_undo_after_a_linear_map_gives_the_matmul_of_the_original_rows(native):
     rows, weight = hostile_rows(4, 32, seed=1), torch.randn(16, 32, dtype=torch.float64)
     unit, scales = to_unit_rows(rows, native=native)
-    out = (kernel_rounding(unit).double() @ weight.T).float()
+    out = (on_kernel_grid(unit).double() @ weight.T).float()
     result = from_unit_rows(out, scales, weight.sum(dim=1).float(), native=native)
     assert result.shape == (4, 16)
     expected = rows.double() @ weight.T
@@ -68,14 +61,11 @@ def test_the_undo_after_a_linear_map_gives_the_matmul_of_the_original_rows(nativ
 
 
 def test_the_residual_rows_take_the_kernels_rounding_error_down_more_than_tenfold():
-    rows, weight = hostile_rows(6, 576, seed=2)[2:], torch.randn(64, 576)  # the rows with a range to round
-    with warnings.catch_warnings():  # quantized tensors are deprecated, but they are the decoder's kernels
-        warnings.simplefilter("ignore", UserWarning)
-        scales = (weight.abs().amax(dim=1) / 127.0).double()
-        quantized = torch.quantize_per_channel(weight, scales, torch.zeros(64, dtype=torch.long), 0, torch.qint8)
-        packed = torch.ops.quantized.linear_prepack(quantized, None)
-    weight_sums = quantized.dequantize().sum(dim=1)
-    expected = rows.double() @ quantized.dequantize().double().T  # what the int8 weights give exact inputs
+    rows = hostile_rows(6, 576, seed=2)[2:]  # the rows with a range to round
+    linear = _Linear(torch.randn(64, 576), "int8")  # the decoder's packed int8 weights
+    packed, weight_sums = linear.weight, linear.weight_sums
+    dequantized = torch.ops.quantized.linear_unpack(packed)[0].dequantize()
+    expected = rows.double() @ dequantized.double().T  # what the int8 weights give exact inputs
     unit, unit_scales = to_unit_rows(rows)
     out = torch.ops.quantized.linear_dynamic(unit, packed, True)
     m = rows.shape[0]
