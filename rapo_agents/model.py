@@ -27,18 +27,14 @@ def resolve_flag(setting: str, on_gpu: bool) -> bool:
 
 def load_model_and_tokenizer(config: ModelConfig, device: torch.device) -> tuple[torch.nn.Module, Any]:
     """The trainable causal LM and its tokenizer (``embedded`` = SmolLM2-135M-Instruct)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from rapo_agents.policies.hf import default_policy_path
+    from rapo_agents.policies.hf import default_policy_path, load_pretrained
 
     path = default_policy_path() if config.path == "embedded" else config.path
-    extra = {"gguf_file": config.gguf_file} if config.gguf_file else {}
     if config.dtype == "auto":
         dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     else:
         dtype = getattr(torch, config.dtype)
-    tokenizer = AutoTokenizer.from_pretrained(path, **extra)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **extra)
+    model, tokenizer = load_pretrained(path, dtype=dtype, gguf_file=config.gguf_file)
     return model.to(device), tokenizer
 
 

@@ -32,6 +32,7 @@ USER_ERROR_TYPES = frozenset({
     "rapo_cli.errors.UsageError",
     "rapo_agents.settings.ConfigError",
     "rapo_agents.checkpoint.CheckpointError",
+    "rapo_agents.policies.hf.ModelFileError",
     "rapo_agents.rollout.episode.PromptTooLongError",
     "rapo_agents.run_control.RunFolderBusyError",
     "rapo_env.tasks.files.TaskFileError",

@@ -155,10 +155,15 @@ def run(args: argparse.Namespace) -> int:
     for file in target.iterdir():
         file.chmod(FILE_MODE)
     if not args.no_check:
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from rapo_agents.policies.hf import ModelFileError, load_pretrained
 
-        AutoModelForCausalLM.from_pretrained(target)
-        AutoTokenizer.from_pretrained(target)
+        try:
+            load_pretrained(str(target))
+        except ModelFileError as error:
+            shutil.rmtree(target)
+            raise UsageError(f"{source} does not load as a model ({' '.join(str(error.__cause__).split())}), so "
+                             "nothing was exported: export another checkpoint of the run (its checkpoints/ folder) "
+                             "or train again") from None
     print(f"exported {source} -> {target} (with {PROMPT_FILE}: the system prompt and stop strings it was trained "
           "with; README.md says how to prompt it)")
     print(f"load it with AutoModelForCausalLM.from_pretrained({str(target)!r}), serve it with vLLM, or evaluate it "

@@ -81,6 +81,35 @@ def default_policy_path() -> str:
     return str(target)
 
 
+class ModelFileError(Exception):
+    """A model folder (or hub id) that transformers cannot load: truncated or corrupt weights, an unreadable
+    ``config.json`` or tokenizer file, no weights file, or a hub id with no network."""
+
+
+def load_pretrained(path: str, gguf_file: str | None = None, **model_kwargs: Any) -> tuple[torch.nn.Module, Any]:
+    """The causal LM and tokenizer at ``path`` (a GGUF file in it if ``gguf_file``; ``model_kwargs`` go to the
+    model's ``from_pretrained``).
+
+    Raises:
+        ModelFileError: naming the folder and what transformers or safetensors said, instead of their traceback.
+    """
+    from safetensors import SafetensorError
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    extra = {"gguf_file": gguf_file} if gguf_file else {}
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path, **extra)
+        model = AutoModelForCausalLM.from_pretrained(path, **extra, **model_kwargs)
+    except (OSError, ValueError, SafetensorError) as error:  # JSONDecodeError is a ValueError
+        if isinstance(error, FileNotFoundError | PermissionError):
+            raise
+        raise ModelFileError(f"cannot load the model at {path} ({' '.join(str(error).split())}): give a complete "
+                             "model folder (config.json, the tokenizer files and model.safetensors, as "
+                             "save_pretrained, a checkpoint or `rapo export` writes them; copy it again if it was "
+                             "cut short), a hub id that is cached, or `embedded`") from error
+    return model, tokenizer
+
+
 def resolve_device(device: str | torch.device | None) -> torch.device:
     """``auto``/None picks CUDA when present, else CPU."""
     if device is None or device == "auto":
@@ -135,14 +164,11 @@ class HFPolicy:
         **model_kwargs: Any,
     ) -> HFPolicy:
         """Load any HF model folder or hub id (None = the embedded SmolLM2), float32 on CPU, bf16 on GPU."""
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
         path = path or default_policy_path()
         device = resolve_device(device)
         if isinstance(dtype, str):
             dtype = getattr(torch, dtype)
-        tokenizer = AutoTokenizer.from_pretrained(path)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype or default_dtype(device), **model_kwargs)
+        model, tokenizer = load_pretrained(path, dtype=dtype or default_dtype(device), **model_kwargs)
         return cls(model.to(device).eval(), tokenizer, max_batch_size=max_batch_size)
 
     @property

@@ -95,3 +95,28 @@ def test_a_full_disk_is_one_line_that_says_what_to_free_not_a_bug():
         code, line = describe(error, "train")
         assert code == 2 and "the disk is full" in line and "logging.output_dir" in line and "\n" not in line
     assert describe(OSError(errno.EIO, "Input/output error"), "train")[0] == 1
+
+
+@pytest.fixture(scope="module")
+def cut_short_model(tmp_path_factory, policy_tokenizer_dir) -> str:
+    """The embedded model's folder copied with its weights file cut to its first kilobyte (a copy that stopped)."""
+    import shutil
+    from pathlib import Path
+
+    folder = tmp_path_factory.mktemp("cut_short") / "step_000000"
+    shutil.copytree(policy_tokenizer_dir, folder)
+    weights = Path(folder, "model.safetensors")
+    weights.write_bytes(weights.read_bytes()[:1024])
+    return str(folder)
+
+
+@pytest.mark.parametrize("args", [["eval", "--model", "{model}", "--limit", "1"],
+                                  ["train", "model.path={model}", "total_steps=1", "logging.output_dir=run"],
+                                  ["export", "{model}", "exported"]], ids=["eval", "train", "export"])
+def test_a_model_folder_whose_weights_were_cut_short_is_one_line_naming_it(args, cut_short_model, tmp_path):
+    result = rapo(*(arg.format(model=cut_short_model) for arg in args), cwd=tmp_path)
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and cut_short_model in lines[0] and "Traceback" not in result.stderr, lines
+    assert "header" in lines[0]  # what safetensors found wrong
+    assert not (tmp_path / "exported").exists()  # an export that does not load leaves nothing behind
