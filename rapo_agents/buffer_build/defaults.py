@@ -40,7 +40,7 @@ from rapo_env.tasks.knowledge_base import KnowledgeBase
 from rapo_env.tasks.procedural_math import SPLIT_SEEDS, ProceduralMath
 from rapo_tools.cache import rapo_cache_dir
 from rapo_tools.search.embedding import Embedder
-from rapo_tools.search.faiss_index import IndexConfig
+from rapo_tools.search.faiss_index import IndexConfig, IndexFileError
 
 FORMAT_VERSION = 2
 """Bumped when the buffer layout or the key normalisation changes, so stale caches are rebuilt."""
@@ -122,7 +122,12 @@ def _cached_retriever(
 ) -> InProcessRetriever:
     # ``root`` is part of the cache key: a changed RAPO_CACHE_DIR means another buffer.
     corpus_path, index_path = ensure_default_buffer(config, show_progress=show_progress, embedder=embedder)
-    return InProcessRetriever.from_files(corpus_path, index_path, embedder)
+    try:
+        return InProcessRetriever.from_files(corpus_path, index_path, embedder)
+    except (IndexFileError, FileNotFoundError):  # rapo's own cache, cut short or damaged since: built again
+        (corpus_path.parent / STATS_FILE).unlink(missing_ok=True)
+        corpus_path, index_path = ensure_default_buffer(config, show_progress=show_progress, embedder=embedder)
+        return InProcessRetriever.from_files(corpus_path, index_path, embedder)
 
 
 def default_retriever(

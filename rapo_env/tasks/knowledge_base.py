@@ -36,7 +36,7 @@ from typing import Any
 
 from rapo_env.tasks.base import Task, TaskList
 from rapo_tools.cache import rapo_cache_dir
-from rapo_tools.jsonl import read_jsonl, write_jsonl
+from rapo_tools.jsonl import JsonlReader, write_jsonl
 from rapo_tools.search.cache import cached_corpus_index
 from rapo_tools.search.corpus import Passage
 
@@ -503,26 +503,42 @@ class KnowledgeBase:
         """Write ``passages.jsonl`` ({id, title, text}), ``entities.jsonl``, ``questions.jsonl`` and ``meta.json``."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        write_jsonl(directory / "passages.jsonl", (dataclasses.asdict(p) for p in self.passages))
-        write_jsonl(directory / "entities.jsonl", (dataclasses.asdict(e) for e in self.entities))
-        write_jsonl(
-            directory / "questions.jsonl",
-            (
-                {"id": t.id, "question": t.question, "answers": list(t.answers), "metadata": t.metadata}
-                for t in self.questions
+        counts = {
+            "passages.jsonl": write_jsonl(directory / "passages.jsonl", (dataclasses.asdict(p) for p in self.passages)),
+            "entities.jsonl": write_jsonl(directory / "entities.jsonl", (dataclasses.asdict(e) for e in self.entities)),
+            "questions.jsonl": write_jsonl(
+                directory / "questions.jsonl",
+                (
+                    {"id": t.id, "question": t.question, "answers": list(t.answers), "metadata": t.metadata}
+                    for t in self.questions
+                ),
             ),
-        )
-        meta = {"seed": self.seed, "config": dataclasses.asdict(self.config), "generator_version": GENERATOR_VERSION}
+        }
+        # Written last, with each file's record count: `load` tells a whole base from one cut short at a line end.
+        meta = {"seed": self.seed, "config": dataclasses.asdict(self.config), "generator_version": GENERATOR_VERSION,
+                "counts": counts}
         (directory / "meta.json").write_text(json.dumps(meta, indent=2), encoding="utf-8")
         return directory
 
     @classmethod
     def load(cls, directory: str | os.PathLike) -> KnowledgeBase:
-        """Read a base written by `save`."""
+        """Read a base written by `save`.
+
+        Raises:
+            KnowledgeBaseError: when a file is missing, holds a bad line, or holds fewer records than `save` wrote.
+        """
         directory = Path(directory)
+
+        def whole(name: str) -> list[Any]:
+            reader = JsonlReader(directory / name)
+            records = list(reader)
+            if reader.skipped or len(records) != meta["counts"][name]:
+                raise ValueError(f"{name} holds {len(records)} good records of the {meta['counts'][name]} written")
+            return records
+
         try:
             meta = json.loads((directory / "meta.json").read_text(encoding="utf-8"))
-            entities = [Entity(**record) for record in read_jsonl(directory / "entities.jsonl")]
+            entities = [Entity(**record) for record in whole("entities.jsonl")]
             questions = [
                 Task(
                     id=r["id"],
@@ -531,8 +547,9 @@ class KnowledgeBase:
                     source="knowledge_base",
                     metadata=r["metadata"],
                 )
-                for r in read_jsonl(directory / "questions.jsonl")
+                for r in whole("questions.jsonl")
             ]
+            whole("passages.jsonl")  # what the search index is built from
         except (OSError, ValueError, KeyError, TypeError) as error:
             raise KnowledgeBaseError(f"cannot read the knowledge base in {directory}: {error}") from error
         return cls(int(meta["seed"]), entities, questions, KnowledgeBaseConfig(**meta["config"]))
@@ -571,6 +588,7 @@ class KnowledgeBase:
             directory.parent.mkdir(parents=True, exist_ok=True)
             staging = Path(tempfile.mkdtemp(prefix=f".{directory.name}-", dir=directory.parent))
             base.save(staging)
+            shutil.rmtree(directory, ignore_errors=True)  # a copy that did not read (cut short, edited) is replaced
             try:
                 os.replace(staging, directory)
             except OSError:  # another process won the race; its copy is identical

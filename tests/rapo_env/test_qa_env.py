@@ -88,6 +88,17 @@ def test_cached_base_is_built_once_and_reloaded(tmp_path, embedder):
     )
 
 
+def test_a_cached_base_cut_short_is_generated_again_not_kept(tmp_path, embedder):
+    kb, _ = KnowledgeBase.cached(seed=5, cache_dir=tmp_path, embedder=embedder, **SMALL_KB)
+    (folder,) = (tmp_path / "knowledge_base").iterdir()
+    for name in ("passages.jsonl", "questions.jsonl"):  # a copy or a write that stopped half-way
+        file = folder / name
+        file.write_bytes(file.read_bytes()[:100])
+        reloaded, _ = KnowledgeBase.cached(seed=5, cache_dir=tmp_path, embedder=embedder, **SMALL_KB)
+        assert list(reloaded.questions) == list(kb.questions) and reloaded.passages == kb.passages
+        assert len(file.read_text(encoding="utf-8").splitlines()) > 1  # the file on disk is whole again
+
+
 def test_envs_of_one_process_share_one_read_knowledge_base(kb_options):
     first, second = gym.make("RAPO-QA-v0", **kb_options), gym.make("RAPO-QA-v0", split="test", **kb_options)
     assert first.unwrapped.knowledge_base is second.unwrapped.knowledge_base, "each env read the base again"

@@ -32,6 +32,18 @@ def test_built_once_then_cached(tmp_path, monkeypatch, embedder):
     assert default_buffer_dir(DefaultBufferConfig(num_tasks=5)) != default_buffer_dir(config)
 
 
+def test_a_cached_buffer_damaged_since_is_built_again(tmp_path, monkeypatch, embedder):
+    monkeypatch.setenv("RAPO_CACHE_DIR", str(tmp_path))
+    config = DefaultBufferConfig(num_tasks=3, index_kind="flat")
+    corpus_path, index_path = ensure_default_buffer(config, show_progress=False, embedder=embedder)
+    traces, _ = read_buffer(corpus_path)
+    sidecar = index_path.with_name(index_path.name + ".json")
+    sidecar.write_text(sidecar.read_text(encoding="utf-8")[:50], encoding="utf-8")  # cut short
+    retriever = default_retriever(config, show_progress=False, embedder=embedder)
+    assert retriever.retrieve([traces[0].key], topk=1)[0][0].value == traces[0].value
+    assert sidecar.read_text(encoding="utf-8").rstrip().endswith("}")  # written whole again
+
+
 def test_resolve_retriever_strings():
     assert isinstance(resolve_retriever("http://127.0.0.1:8001"), RetrievalClient)
     with pytest.raises(ValueError):
