@@ -73,7 +73,8 @@ def _is_complete(index_path: Path) -> bool:
     if not index_path.is_file():
         return False
     try:
-        load_sidecar(index_path)
+        sidecar = load_sidecar(index_path)
     except IndexFileError:
         return False
-    return True
+    # A cached index from before sidecars kept the file's size is built again once, as is one cut short since.
+    return sidecar.get("file_bytes") == index_path.stat().st_size

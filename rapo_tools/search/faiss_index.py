@@ -269,6 +269,7 @@ def save_index(index: Any, path: str | os.PathLike, sidecar: dict[str, Any], con
     }
     tmp_index, tmp_meta = path.with_name(path.name + ".tmp"), sidecar_path(path).with_name(path.name + ".json.tmp")
     faiss.write_index(_to_cpu(index), str(tmp_index))
+    meta["file_bytes"] = tmp_index.stat().st_size  # so that a copy cut short is named as one (`load_index`)
     tmp_meta.write_text(json.dumps(meta, indent=2, default=str), encoding="utf-8")
     os.replace(tmp_index, path)
     os.replace(tmp_meta, sidecar_path(path))
@@ -312,6 +313,9 @@ def load_index(path: str | os.PathLike, mmap: bool = True) -> tuple[Any, dict[st
     if not path.is_file():
         raise IndexFileError(f"no index file at {path}; build one with `rapo search build-index`")
     meta = load_sidecar(path)
+    if meta.get("file_bytes", path.stat().st_size) != path.stat().st_size:
+        raise IndexFileError(f"{path} holds {path.stat().st_size} bytes where {meta['file_bytes']} were written: it "
+                             "was cut short or changed since; copy it again or rebuild it")
     index = None
     if mmap:
         flags = faiss.IO_FLAG_MMAP | getattr(faiss, "IO_FLAG_MMAP_IFC", 0) | faiss.IO_FLAG_READ_ONLY

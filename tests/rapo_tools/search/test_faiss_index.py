@@ -76,6 +76,27 @@ def test_broken_files_raise_index_file_errors(tmp_path, vectors):
         load_index(path)
 
 
+def test_an_index_file_cut_short_is_named_as_one(tmp_path, vectors):
+    path = tmp_path / "a.faiss"
+    save_index(build_index(vectors[:100], IndexConfig(kind="flat"), show_progress=False), path, {})
+    path.write_bytes(path.read_bytes()[:1000])  # a copy that stopped
+    with pytest.raises(IndexFileError, match="cut short"):
+        load_index(path)
+
+
+def test_a_cached_index_cut_short_is_built_again(tmp_path, embedder):
+    from rapo_tools.search.cache import cached_corpus_index
+
+    corpus = tmp_path / "passages.jsonl"
+    corpus.write_text("".join(json.dumps({"id": str(i), "title": f"T{i}", "text": f"passage {i}"}) + "\n"
+                              for i in range(5)))
+    path = cached_corpus_index(corpus, embedder, cache_dir=tmp_path, show_progress=False)
+    whole = path.read_bytes()
+    path.write_bytes(whole[:100])
+    assert cached_corpus_index(corpus, embedder, cache_dir=tmp_path, show_progress=False) == path
+    assert load_index(path)[0].ntotal == 5 and path.stat().st_size == len(whole)
+
+
 def test_bad_inputs_and_configs_are_rejected(vectors):
     with pytest.raises(ValueError, match="kind"):
         IndexConfig(kind="annoy")
