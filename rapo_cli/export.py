@@ -161,7 +161,7 @@ def run(args: argparse.Namespace) -> int:
             load_pretrained(str(target))
         except ModelFileError as error:
             shutil.rmtree(target)
-            raise UsageError(f"{source} does not load as a model ({' '.join(str(error.__cause__).split())}), so "
+            raise UsageError(f"{source} does not load as a model ({error.__cause__}), so "
                              "nothing was exported: export another checkpoint of the run (its checkpoints/ folder) "
                              "or train again") from None
     print(f"exported {source} -> {target} (with {PROMPT_FILE}: the system prompt and stop strings it was trained "

@@ -103,7 +103,7 @@ def load_pretrained(path: str, gguf_file: str | None = None, **model_kwargs: Any
     except (OSError, ValueError, SafetensorError) as error:  # JSONDecodeError is a ValueError
         if isinstance(error, FileNotFoundError | PermissionError):
             raise
-        raise ModelFileError(f"cannot load the model at {path} ({' '.join(str(error).split())}): give a complete "
+        raise ModelFileError(f"cannot load the model at {path} ({error}): give a complete "
                              "model folder (config.json, the tokenizer files and model.safetensors, as "
                              "save_pretrained, a checkpoint or `rapo export` writes them; copy it again if it was "
                              "cut short), a hub id that is cached, or `embedded`") from error

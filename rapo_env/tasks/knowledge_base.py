@@ -528,16 +528,16 @@ class KnowledgeBase:
             KnowledgeBaseError: when a file is missing, holds a bad line, or holds fewer records than `save` wrote.
         """
         directory = Path(directory)
-
-        def whole(name: str) -> list[Any]:
-            reader = JsonlReader(directory / name)
-            records = list(reader)
-            if reader.skipped or len(records) != meta["counts"][name]:
-                raise ValueError(f"{name} holds {len(records)} good records of the {meta['counts'][name]} written")
-            return records
-
         try:
             meta = json.loads((directory / "meta.json").read_text(encoding="utf-8"))
+
+            def whole(name: str) -> list[Any]:
+                reader = JsonlReader(directory / name)
+                records = list(reader)
+                if reader.skipped or len(records) != meta["counts"][name]:
+                    raise ValueError(f"{name} holds {len(records)} good records of the {meta['counts'][name]} written")
+                return records
+
             entities = [Entity(**record) for record in whole("entities.jsonl")]
             questions = [
                 Task(

@@ -313,9 +313,10 @@ def load_index(path: str | os.PathLike, mmap: bool = True) -> tuple[Any, dict[st
     if not path.is_file():
         raise IndexFileError(f"no index file at {path}; build one with `rapo search build-index`")
     meta = load_sidecar(path)
-    if meta.get("file_bytes", path.stat().st_size) != path.stat().st_size:
-        raise IndexFileError(f"{path} holds {path.stat().st_size} bytes where {meta['file_bytes']} were written: it "
-                             "was cut short or changed since; copy it again or rebuild it")
+    size = path.stat().st_size
+    if meta.get("file_bytes", size) != size:
+        raise IndexFileError(f"{path} holds {size} bytes where {meta['file_bytes']} were written: it was cut short "
+                             "or changed since; copy it again or rebuild it")
     index = None
     if mmap:
         flags = faiss.IO_FLAG_MMAP | getattr(faiss, "IO_FLAG_MMAP_IFC", 0) | faiss.IO_FLAG_READ_ONLY
