@@ -230,10 +230,11 @@ class LlamaDecoder:
         theta = float(rope.get("rope_theta", getattr(config, "rope_theta", 10000.0)))
         exponents = torch.arange(0, self.head_dim, 2, dtype=torch.float32) / self.head_dim
         self.inv_freq = (1.0 / theta**exponents).to(device)
-        # int8 takes attention that depends on a row's own tokens alone (`row_attention`), because its matmuls
-        # already do: then a row decodes the same tokens whatever shares its batch. fp32 and bf16 keep torch's
-        # kernel: their matmuls round differently with the batch anyway, and torch's attention is faster.
-        self.row_attention = weight_format == "int8" and row_attention_available(self.head_dim)
+        # Attention that depends on a row's own tokens alone (`row_attention`): with int8, whose matmuls already
+        # do, a row decodes the same tokens whatever shares its batch. fp32 takes it for speed: it reads only the
+        # row's valid slots of the window, where torch's kernel reads every slot (a held-out evaluation's decode
+        # windows are mostly other rows' columns). bf16 keeps torch's kernel (the compiled one reads float32).
+        self.row_attention = weight_format != "bf16" and row_attention_available(self.head_dim)
         self.smoothed_inputs = [tuple(f"model.layers.{i}.{name}" for name in SMOOTHED_INPUTS)
                                 for i in range(int(config.num_hidden_layers))]
         """Each layer's `SMOOTHED_INPUTS`, by module name: the keys of `input_maxima` (and of ``lm_head``)."""

@@ -75,18 +75,21 @@ static inline float dot(const float* a, const float* b, int64_t dim) {
 }
 
 /* out[b, s, h] = sum over visible c of softmax_c(q[b, h, s] . k[b, h / groups, c] * scale) v[b, h / groups, c],
-   visible: valid[b, c] and c <= start + s, in increasing c. A query at a padding slot gets zeros. */
+   visible: valid[b, c] and c <= start + s, in increasing c. A query at a padding slot gets zeros. Keys and values
+   may be a window of a larger cache: rows and heads are row_stride and head_stride floats apart (the same for
+   both), a slot's dim floats are contiguous, and valid's rows are valid_stride bytes apart. */
 void row_attention(const float* q, const float* keys, const float* values, const uint8_t* valid, float* out,
-                   int64_t batch, int64_t heads, int64_t kv_heads, int64_t seq, int64_t dim, int64_t capacity,
+                   int64_t batch, int64_t heads, int64_t kv_heads, int64_t seq, int64_t dim,
+                   int64_t row_stride, int64_t head_stride, int64_t valid_stride,
                    int64_t start, float scale, int threads) {
     const int64_t groups = heads / kv_heads;
     #pragma omp parallel for collapse(2) schedule(static) num_threads(threads)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t h = 0; h < heads; ++h) {
             float* weights = malloc((size_t)(start + seq) * sizeof(float));  /* not a VLA: those do not vectorize */
-            const uint8_t* slots = valid + b * capacity;
-            const float* k = keys + (b * kv_heads + h / groups) * capacity * dim;
-            const float* v = values + (b * kv_heads + h / groups) * capacity * dim;
+            const uint8_t* slots = valid + b * valid_stride;
+            const float* k = keys + b * row_stride + (h / groups) * head_stride;
+            const float* v = values + b * row_stride + (h / groups) * head_stride;
             for (int64_t s = 0; s < seq; ++s) {
                 const float* query = q + ((b * heads + h) * seq + s) * dim;
                 float* o = out + ((b * seq + s) * heads + h) * dim;
@@ -127,7 +130,7 @@ void row_attention(const float* q, const float* keys, const float* values, const
 """
 
 _FLAGS = ("-O3", "-march=native", "-fopenmp", "-ffp-contract=off")
-_SIGNATURES = {"row_attention": (["pointer"] * 5 + ["int64"] * 7 + ["float", "int"], "void")}
+_SIGNATURES = {"row_attention": (["pointer"] * 5 + ["int64"] * 9 + ["float", "int"], "void")}
 
 
 @functools.cache
@@ -158,11 +161,15 @@ def row_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, val
     if heads % kv_heads or start + seq > capacity:
         raise ValueError(f"{heads} query heads over {kv_heads} KV heads, slots {start}..{start + seq} of "
                          f"{capacity}: heads must group evenly and the slots fit the cache")
-    tensors = [t.contiguous() for t in (q, keys, values)]
-    if any(t.dtype != torch.float32 for t in tensors) or valid.dtype != torch.bool:
+    if any(t.dtype != torch.float32 for t in (q, keys, values)) or valid.dtype != torch.bool:
         raise ValueError("row_attention needs float32 queries, keys and values and a bool valid mask")
-    slots = valid.contiguous()
+    # A decode step reads a window of the running cache: the kernel walks its strides, since copying the window
+    # out (as .contiguous() would, every layer) cost several times the attention itself.
+    if keys.stride() != values.stride() or keys.stride()[2:] != (dim, 1):
+        keys, values = keys.contiguous(), values.contiguous()
+    q, slots = q.contiguous(), (valid if valid.stride(1) == 1 else valid.contiguous())
     out = torch.empty(batch, seq, heads * dim)
-    library.row_attention(*(t.data_ptr() for t in tensors), slots.data_ptr(), out.data_ptr(), batch, heads, kv_heads,
-                          seq, dim, capacity, start, 1.0 / math.sqrt(dim), torch.get_num_threads())
+    library.row_attention(q.data_ptr(), keys.data_ptr(), values.data_ptr(), slots.data_ptr(),
+                          out.data_ptr(), batch, heads, kv_heads, seq, dim, keys.stride(0), keys.stride(1),
+                          slots.stride(0), start, 1.0 / math.sqrt(dim), torch.get_num_threads())
     return out

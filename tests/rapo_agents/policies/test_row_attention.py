@@ -103,6 +103,21 @@ def test_heads_that_do_not_group_or_slots_past_the_cache_are_refused():
         row_attention(torch.randn(1, HEADS, 2, DIM), keys, values, valid, start=7)
 
 
+def test_a_window_of_a_larger_cache_gives_the_bits_of_its_copy():
+    # A decode step of a running batch reads its live rows' window of the cache in place (a strided view).
+    keys, values, generator = random_cache(5, 64, seed=8)
+    valid = torch.rand(5, 64, generator=generator) > 0.3
+    valid[:, 50] = True
+    window = (slice(1, 4), slice(None), slice(20, 51))
+    q = torch.randn(3, HEADS, 1, DIM, generator=generator)
+    in_place = row_attention(q, keys[window], values[window], valid[1:4, 20:51], start=30)
+    copied = row_attention(q, keys[window].contiguous(), values[window].contiguous(),
+                           valid[1:4, 20:51].contiguous(), start=30)
+    assert torch.equal(in_place, copied)
+    assert torch.allclose(in_place.double(), reference(q, keys[window], values[window], valid[1:4, 20:51], 30),
+                          atol=2e-6)
+
+
 def tiny_config(head_dim: int):
     from transformers import LlamaConfig
 
@@ -110,12 +125,13 @@ def tiny_config(head_dim: int):
                        num_attention_heads=4, num_key_value_heads=2)
 
 
-def test_the_decoder_takes_it_for_int8_only_and_only_for_heads_of_whole_lanes():
+def test_the_decoder_takes_it_for_float32_caches_and_only_for_heads_of_whole_lanes():
     from rapo_agents.policies.llama_decoder import LlamaDecoder
 
     cpu = torch.device("cpu")
     assert LlamaDecoder(tiny_config(16), "int8", cpu).row_attention
-    assert not LlamaDecoder(tiny_config(16), "fp32", cpu).row_attention  # fp32 matmuls vary with the batch anyway
+    assert LlamaDecoder(tiny_config(16), "fp32", cpu).row_attention
+    assert not LlamaDecoder(tiny_config(16), "bf16", cpu).row_attention  # the kernel reads float32
     assert not LlamaDecoder(tiny_config(8), "int8", cpu).row_attention
 
 
