@@ -11,7 +11,8 @@ increasing order, with sums in a fixed order of 16 lanes and an exponential writ
 (no libm, no fused multiply-add): the same bits wherever the row sits in the cache, whatever the padding, batch,
 window and threads, and whether its context came in one prefill or in several (tests). It is compiled on first
 use (`rapo_agents.policies.native`); where no C compiler works, `LlamaDecoder` keeps torch's kernel and the
-invariance does not hold.
+invariance does not hold. The fp32 decoder takes it too, for speed: a row reads only its own valid slots, in place
+in the running cache's window, where torch's kernel reads every column of the window.
 
 Example:
     >>> import torch
