@@ -1,5 +1,6 @@
 """Attention for the int8 and fp32 decoders: softmax attention over a row's valid slots, whose bits depend on that
-row's own tokens alone, not on the padding, the cache window, the other rows of the batch, the threads or the prefill split."""
+row's own tokens alone, not on the padding, the cache window, the other rows of the batch, the threads or the
+prefill split."""
 
 from __future__ import annotations
 
